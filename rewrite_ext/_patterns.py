@@ -1,0 +1,96 @@
+"""Stateless facts about a DFPattern that the traversal uses to skip work."""
+
+from __future__ import annotations
+
+from tvm import ir
+from tvm.relax.dpl import pattern as P
+
+# Patterns that only constrain what they wrap: the wrapped pattern decides the root op.
+_WRAPPERS = (P.TypePattern, P.DataTypePattern, P.ShapePattern, P.AttrPattern)
+# Patterns that match a leaf without looking through a var's binding.
+_LEAVES = (P.WildcardPattern, P.VarPattern, P.GlobalVarPattern, P.ExternFuncPattern)
+
+
+def root_ops(pattern: P.DFPattern) -> frozenset[ir.Op] | None:
+    """The operators a binding value must call for ``pattern`` to match it.
+
+    Parameters
+    ----------
+    pattern : DFPattern
+        The pattern whose root is examined.
+
+    Returns
+    -------
+    ops : Optional[FrozenSet[tvm.ir.Op]]
+        The possible root ops, or None when the root is not restricted to
+        calls of known ops (a wildcard, a tuple, a call of an arbitrary
+        callee), in which case every binding is a candidate.
+    """
+    if isinstance(pattern, P.CallPattern):
+        callee = pattern.op
+        if isinstance(callee, P.ExprPattern) and isinstance(callee.expr, ir.Op):
+            return frozenset([callee.expr])
+        return None
+    if isinstance(pattern, P.OrPattern):
+        left, right = root_ops(pattern.left), root_ops(pattern.right)
+        return None if left is None or right is None else left | right
+    if isinstance(pattern, P.AndPattern):
+        left, right = root_ops(pattern.left), root_ops(pattern.right)
+        if left is None or right is None:
+            return left if right is None else right
+        return left & right
+    if isinstance(pattern, _WRAPPERS):
+        return root_ops(pattern.pattern)
+    return None
+
+
+def needs_bindings(pattern: P.DFPattern) -> bool:
+    """Whether matching ``pattern`` may have to look through a var to its value.
+
+    A call pattern whose arguments are all leaves (wildcards, var patterns)
+    matches the vars themselves, so the matcher needs no var-to-value map.
+    Anything deeper may see through bindings, as TVM's matcher does.
+    """
+    if isinstance(pattern, _WRAPPERS):
+        return needs_bindings(pattern.pattern)
+    if isinstance(pattern, (P.OrPattern, P.AndPattern)):
+        return needs_bindings(pattern.left) or needs_bindings(pattern.right)
+    if isinstance(pattern, P.CallPattern):
+        if not isinstance(pattern.op, P.ExprPattern):
+            return True
+        args = pattern.args
+        return args is None or not all(_is_leaf(arg) for arg in args)
+    return True
+
+
+def _is_leaf(pattern: P.DFPattern) -> bool:
+    if isinstance(pattern, _WRAPPERS):
+        return _is_leaf(pattern.pattern)
+    return isinstance(pattern, _LEAVES)
+
+
+def describe(pattern: P.DFPattern) -> str:
+    """A short, readable rendering of a pattern for error messages.
+
+    TVM's own ``repr`` prints every field of every Op; this prints
+    ``relax.add(*, relax.exp(*))``.
+    """
+    if isinstance(pattern, P.CallPattern):
+        args = "..." if pattern.args is None else ", ".join(describe(a) for a in pattern.args)
+        return f"{describe(pattern.op)}({args})"
+    if isinstance(pattern, P.ExprPattern):
+        expr = pattern.expr
+        return expr.name if isinstance(expr, ir.Op) else type(expr).__name__
+    if isinstance(pattern, P.WildcardPattern):
+        return "*"
+    if isinstance(pattern, P.OrPattern):
+        return f"({describe(pattern.left)} | {describe(pattern.right)})"
+    if isinstance(pattern, P.AndPattern):
+        return f"({describe(pattern.left)} & {describe(pattern.right)})"
+    if isinstance(pattern, _WRAPPERS):
+        return describe(pattern.pattern)
+    if isinstance(pattern, P.TuplePattern):
+        return "(" + ", ".join(describe(f) for f in pattern.fields) + ")"
+    if isinstance(pattern, P.GlobalVarPattern):
+        return f"@{pattern.name_hint() if callable(pattern.name_hint) else pattern.name_hint}"
+    return type(pattern).__name__

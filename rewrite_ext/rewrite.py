@@ -1,0 +1,511 @@
+"""``rewrite_call`` whose rewriter may emit bindings through a BlockBuilder.
+
+The traversal is a ``PyExprMutator``: TVM's C++ mutator walks functions,
+If branches and nested functions, and re-emits every binding block that
+cannot match without calling back into Python.  A block that holds a
+candidate binding is rebuilt here, binding by binding, through the same
+``BlockBuilder`` (``self.builder_``) that emits the block, which is how
+a rewriter's ``builder.emit(...)`` lands just before the rewritten binding.
+TVM's pattern language does the matching itself.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+import tvm
+from tvm import relax
+from tvm.relax.dpl import DFPattern
+from tvm.relax.dpl import pattern as P
+from tvm.relax.expr_functor import PyExprMutator, mutator
+
+from . import _ir, _patterns
+from .errors import RewriteError
+
+__all__ = ["rewrite_call", "RewriteCall", "Rewriter"]
+
+Rewriter = Union[
+    Callable[[relax.Expr, Mapping[DFPattern, relax.Expr]], Union[relax.Expr, None]],
+    Callable[[relax.Expr, Mapping[DFPattern, relax.Expr], relax.BlockBuilder], Union[relax.Expr, None]],
+]
+"""A rewriter: ``(orig, matchings)`` or ``(orig, matchings, builder)`` to a new expression."""
+
+
+def _takes_builder(rewriter: Callable[..., Any]) -> bool:
+    """Whether ``rewriter`` is the three-argument form, read from its signature once."""
+    try:
+        params = inspect.signature(rewriter).parameters.values()
+    except (TypeError, ValueError):  # builtins without a signature: TVM's form
+        return False
+    positional = [
+        p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    if any(p.kind == p.VAR_POSITIONAL for p in params):
+        return True
+    return len(positional) >= 3
+
+
+@dataclass(frozen=True)
+class _Rule:
+    """A pattern, its rewriter and what is known of the pattern in advance."""
+
+    pattern: DFPattern
+    rewriter: Callable[..., Any]
+    takes_builder: bool
+    root_ops: frozenset | None
+    needs_bindings: bool
+    description: str
+
+    @classmethod
+    def make(cls, pattern: DFPattern, rewriter: Callable[..., Any]) -> _Rule:
+        if not isinstance(pattern, DFPattern):
+            raise TypeError(f"pattern must be a relax.dpl.DFPattern, got {type(pattern).__name__}")
+        if not callable(rewriter):
+            raise TypeError(f"rewriter must be callable, got {type(rewriter).__name__}")
+        return cls(
+            pattern,
+            rewriter,
+            _takes_builder(rewriter),
+            _patterns.root_ops(pattern),
+            _patterns.needs_bindings(pattern),
+            _patterns.describe(pattern),
+        )
+
+
+@dataclass
+class _PassResult:
+    """What one rewriting pass over a function did."""
+
+    func: relax.Function
+    rewritten: list[str] = field(default_factory=list)
+    """Names of the binding vars whose value the rewriter replaced."""
+    interior: list[relax.Var] = field(default_factory=list)
+    """Pure bindings seen through by a match, to drop if nothing reads them."""
+
+
+@dataclass
+class _Scope:
+    name: str
+    is_pure: bool
+
+
+@mutator
+class _RewriteMutator(PyExprMutator):
+    """One rewriting pass over one top-level function."""
+
+    def __init__(self, rule: _Rule, func: relax.Function, name: str, mod: tvm.IRModule | None):
+        super().__init__(mod)
+        self.rule = rule
+        self.top = func
+        self.top_name = name
+        self.scopes: list[_Scope] = []
+        # >0 while re-emitting what a rewriter produced: that is not matched again this pass.
+        self.suspended = 0
+        self.result = _PassResult(func)
+        self.error: BaseException | None = None
+        self._used: set[relax.Var] | None = None
+
+    # -- traversal -----------------------------------------------------------------
+
+    def visit_function_(self, func: relax.Function) -> relax.Expr:
+        name = self.top_name if not self.scopes else f"{self.top_name} (local function)"
+        self.scopes.append(_Scope(name, bool(func.is_pure)))
+        try:
+            return super().visit_function_(func)
+        finally:
+            self.scopes.pop()
+
+    def visit_binding_block_(self, block: relax.BindingBlock) -> relax.BindingBlock:
+        if self.suspended or not self._has_candidate(block):
+            return super().visit_binding_block_(block)
+        return self._rewrite_block(block, is_dataflow=False)
+
+    def visit_dataflow_block_(self, block: relax.DataflowBlock) -> relax.BindingBlock:
+        if self.suspended or not self._has_candidate(block):
+            return super().visit_dataflow_block_(block)
+        return self._rewrite_block(block, is_dataflow=True)
+
+    def _is_candidate(self, value: relax.Expr) -> bool:
+        ops = self.rule.root_ops
+        return ops is None or (isinstance(value, relax.Call) and value.op in ops)
+
+    def _has_candidate(self, block: relax.BindingBlock) -> bool:
+        if self.rule.root_ops is None:
+            return True
+        is_candidate = self._is_candidate
+        return any(is_candidate(binding.value) for binding in block.bindings)
+
+    def _rewrite_block(self, block: relax.BindingBlock, is_dataflow: bool) -> relax.BindingBlock:
+        builder = self.builder_
+        if is_dataflow:
+            builder._begin_dataflow_block()
+        else:
+            builder._begin_binding_block()
+        # The matcher sees through earlier bindings of this block, as TVM's does; a binding
+        # already rewritten in this pass is left out, since its old value no longer exists.
+        var2val: dict[relax.Var, relax.Expr] | None = {} if self.rule.needs_bindings else None
+        is_candidate = self._is_candidate
+        for binding in block.bindings:
+            value = binding.value
+            if is_candidate(value) and self._try_rewrite(binding, value, var2val, is_dataflow):
+                continue
+            self.visit_binding(binding)
+            if var2val is not None:
+                var2val[binding.var] = value
+        return builder._end_block()
+
+    # -- one match -----------------------------------------------------------------
+
+    def _try_rewrite(
+        self,
+        binding: relax.Binding,
+        value: relax.Expr,
+        var2val: dict[relax.Var, relax.Expr] | None,
+        is_dataflow: bool,
+    ) -> bool:
+        matched = self.rule.pattern.extract_matched_expr(value, var2val)
+        if matched is None:
+            return False
+        matchings = self._as_vars(matched, value, var2val)
+        emitted, new_value = self._call_rewriter(binding, value, matchings, is_dataflow)
+        if new_value is None:
+            if emitted:
+                self._fail(
+                    binding,
+                    f"the rewriter emitted {len(emitted)} binding(s) and then declined the match "
+                    "(returned the original call or None); return the replacement expression, "
+                    "or decline before emitting anything",
+                )
+            return False
+        self._check_result(binding, emitted, new_value, is_dataflow)
+        self.suspended += 1
+        try:
+            for extra in emitted:
+                self.visit_binding(extra)
+            if isinstance(binding, relax.MatchCast):
+                self.visit_binding(relax.MatchCast(binding.var, new_value, binding.ty))
+            else:
+                self.visit_binding(relax.VarBinding(binding.var, new_value))
+        finally:
+            self.suspended -= 1
+        self.result.rewritten.append(_ir.var_name(binding.var))
+        return True
+
+    def _as_vars(
+        self,
+        matched: Mapping[DFPattern, relax.Expr],
+        root: relax.Expr,
+        var2val: dict[relax.Var, relax.Expr] | None,
+    ) -> dict[DFPattern, relax.Expr]:
+        """Give each match as the var that binds it, never its bound value.
+
+        TVM's matcher hands out the value behind a var (``m[dst]`` of
+        ``copy_tensor(x, a)`` is ``a``'s ``alloc_tensor(...)`` call); using
+        it would compute it a second time.  Values matched by a non-leaf
+        sub-pattern are interior to the match: if they are pure and end up
+        unused they are dropped after the pass.
+        """
+        matchings = dict(matched.items())
+        if not var2val:
+            return matchings
+        # Objects hash by handle, so this finds the binding of the very value matched.
+        var_of = {val: var for var, val in var2val.items()}
+        for pat, expr in matchings.items():
+            if expr.same_as(root):
+                continue
+            var = var_of.get(expr)
+            if var is None:
+                continue
+            matchings[pat] = var
+            if not isinstance(pat, P.WildcardPattern) and not relax.analysis.contains_impure_call(expr):
+                self.result.interior.append(var)
+        return matchings
+
+    def _call_rewriter(
+        self,
+        binding: relax.Binding,
+        value: relax.Expr,
+        matchings: dict[DFPattern, relax.Expr],
+        is_dataflow: bool,
+    ) -> tuple[list[relax.Binding], relax.Expr | None]:
+        """Run the rewriter in a block frame of its own, so what it emits can be checked."""
+        builder = self.builder_
+        if is_dataflow:
+            builder._begin_dataflow_block()
+        else:
+            builder._begin_binding_block()
+        try:
+            try:
+                if self.rule.takes_builder:
+                    new_value = self.rule.rewriter(value, matchings, builder)
+                else:
+                    new_value = self.rule.rewriter(value, matchings)
+            except Exception as exc:  # noqa: BLE001 - any failure of user code is reported
+                self._fail(binding, f"the rewriter raised {type(exc).__name__}: {exc}", cause=exc)
+            if new_value is not None and not isinstance(new_value, relax.Expr):
+                self._fail(
+                    binding,
+                    f"the rewriter returned a {type(new_value).__name__}, not a relax.Expr "
+                    "(return a relax expression, or the original call / None to decline)",
+                )
+            if new_value is not None and not new_value.same_as(value):
+                try:
+                    new_value = builder.normalize(new_value)
+                except Exception as exc:  # noqa: BLE001
+                    self._fail(
+                        binding,
+                        f"the rewriter returned an expression TVM cannot normalize: {exc}",
+                        cause=exc,
+                    )
+            else:
+                new_value = None
+        finally:
+            emitted = list(builder._end_block().bindings)
+        return emitted, new_value
+
+    def _check_result(
+        self,
+        binding: relax.Binding,
+        emitted: list[relax.Binding],
+        new_value: relax.Expr,
+        is_dataflow: bool,
+    ) -> None:
+        scope = self.scopes[-1]
+        if is_dataflow or scope.is_pure:
+            where = "a DataflowBlock" if is_dataflow else "a pure function"
+            fix = (
+                "rewrite after leaving dataflow (e.g. after relax.transform.ToNonDataflow, or on "
+                "the lowered function)"
+                if is_dataflow
+                else "mark the function impure with @R.function(pure=False)"
+            )
+            for extra in emitted:
+                if relax.analysis.contains_impure_call(extra.value):
+                    self._fail(
+                        binding,
+                        f"the rewriter emitted the impure call `{extra.value}` into {where}; {fix}",
+                    )
+            if relax.analysis.contains_impure_call(new_value):
+                self._fail(binding, f"the rewriter returned the impure call `{new_value}` into {where}; {fix}")
+        if _ir.is_void(new_value.ty) and not _ir.is_void(binding.var.ty):
+            if binding.var in self._used_vars():
+                self._fail(
+                    binding,
+                    "the rewriter returned a void value (type R.Tuple()) but the binding's var "
+                    "is used later; only a binding whose var is unused may become void",
+                )
+
+    def _used_vars(self) -> set[relax.Var]:
+        if self._used is None:
+            self._used = _ir.used_vars(self.top)
+        return self._used
+
+    def _fail(self, binding: relax.Binding, what: str, cause: BaseException | None = None) -> None:
+        scope = self.scopes[-1].name if self.scopes else self.top_name
+        error = RewriteError(
+            f"rewrite_ext: in function '{scope}', binding '{_ir.var_name(binding.var)}', "
+            f"pattern {self.rule.description}: {what}"
+        )
+        error.__cause__ = cause
+        # Kept so the caller can re-raise this very object once TVM's C++ has unwound.
+        self.error = error
+        raise error
+
+
+def _one_pass(rule: _Rule, func: relax.Function, name: str, mod: tvm.IRModule | None) -> _PassResult:
+    rewriter = _RewriteMutator(rule, func, name, mod)
+    try:
+        new_func = rewriter.visit_expr(func)
+    except Exception:
+        if rewriter.error is not None:
+            raise rewriter.error from rewriter.error.__cause__
+        raise
+    rewriter.result.func = new_func if rewriter.result.rewritten else func
+    return rewriter.result
+
+
+def _rewrite_function(
+    rule: _Rule, func: relax.Function, name: str, mod: tvm.IRModule | None, max_iterations: int
+) -> relax.Function:
+    interior: list[relax.Var] = []
+    current = func
+    for _ in range(max_iterations):
+        result = _one_pass(rule, current, name, mod)
+        if not result.rewritten:
+            break
+        current = result.func
+        interior.extend(result.interior)
+    else:
+        # Every allowed pass rewrote something: one more scan tells converged from not.
+        scan = _one_pass(rule, current, name, mod)
+        if scan.rewritten:
+            shown = ", ".join(f"'{v}'" for v in scan.rewritten[:10])
+            more = f" and {len(scan.rewritten) - 10} more" if len(scan.rewritten) > 10 else ""
+            raise RewriteError(
+                f"rewrite_ext: in function '{name}', pattern {rule.description}: did not converge "
+                f"after max_iterations={max_iterations} passes; bindings still matching: "
+                f"{shown}{more}. Make the rewriter's output not match its own pattern, or raise "
+                "max_iterations"
+            )
+    if interior:
+        current = _ir.drop_unused_bindings(current, interior)
+    return current
+
+
+def _check_well_formed(obj: relax.Function | tvm.IRModule, name: str, rule: _Rule) -> None:
+    try:
+        relax.analysis.well_formed(obj)
+    except Exception as exc:  # noqa: BLE001 - TVM raises its own error types
+        raise RewriteError(
+            f"rewrite_ext: in function '{name}', pattern {rule.description}: the rewritten IR is "
+            f"not well formed: {exc}"
+        ) from exc
+
+
+def rewrite_call(
+    pattern: DFPattern,
+    rewriter: Rewriter,
+    target: relax.Function | tvm.IRModule,
+    *,
+    max_iterations: int = 10,
+) -> relax.Function | tvm.IRModule:
+    """Rewrite every binding whose value matches ``pattern``.
+
+    A drop-in extension of ``tvm.relax.dpl.rewrite_call``: the rewriter may
+    also take a ``relax.BlockBuilder`` and emit bindings, void ones
+    included, that land just before the rewritten binding.
+
+    Matching rules:
+
+    * Every binding's value is offered, wherever a binding can stand:
+      DataflowBlocks and plain BindingBlocks, pure and impure functions,
+      If branches, nested local functions.  (TVM's rewrite_call never
+      offers impure calls in plain blocks.)
+    * Patterns see through earlier bindings of the same block, as TVM's
+      matcher does.  ``matchings[p]`` is the *var* that binds what ``p``
+      matched, never the bound value (TVM gives the value), so using it
+      never recomputes anything.  Pure bindings seen through by a
+      non-wildcard sub-pattern and unused after the rewrite are removed.
+    * Nothing else changes: no re-sorting, dead-code elimination, CSE or
+      canonicalization.  A function where nothing matches comes back
+      structurally equal to the input, which is never modified.
+
+    Parameters
+    ----------
+    pattern : DFPattern
+        The pattern to match against each binding's value.
+    rewriter : Callable
+        ``rewriter(orig, matchings)`` (TVM's form) or
+        ``rewriter(orig, matchings, builder)``, chosen once from its
+        signature.  It returns the expression that replaces ``orig``;
+        returning ``orig`` itself or None declines the match.  Whatever it
+        emits through ``builder`` lands just before the rewritten binding,
+        in order; a void call emitted is bound to a fresh ``R.Tuple()`` var.
+    target : Union[relax.Function, tvm.IRModule]
+        A function, or a module whose Relax functions are all rewritten
+        (everything else in it is kept as is).
+    max_iterations : int
+        The most rewriting passes.  One more scan then checks that nothing
+        matches any more; bindings a rewriter emitted are not matched
+        again within the pass that emitted them.
+
+    Returns
+    -------
+    result : Union[relax.Function, tvm.IRModule]
+        The rewritten function or a new module.  It passes
+        ``relax.analysis.well_formed``.
+
+    Raises
+    ------
+    RewriteError
+        When the rewriter raises, returns a non-expression, emits and then
+        declines, returns a void value for a binding whose var is used
+        later, puts an impure call in a DataflowBlock or a pure function,
+        or keeps matching after ``max_iterations``; or when the result is
+        not well formed.  The message names the function, the binding and
+        the pattern.
+
+    Examples
+    --------
+    .. code-block:: python
+
+        def to_dma(orig, m, builder):
+            src, dst = m[src_pat], m[dst_pat]
+            builder.emit(R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy",
+                         [src, dst, 0, True], ty_args=[R.Tuple()]))
+            return R.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait",
+                         [0, 0, True, src, dst], ty_args=[R.Tuple()])
+
+        func = rewrite_call(is_op("relax.vm.copy_tensor")(src_pat, dst_pat), to_dma, func)
+
+    turns ``R.vm.copy_tensor(x, a)`` into::
+
+        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", (x, a, 0, True), ty_args=(R.Tuple,))
+        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", (0, 0, True, x, a), ty_args=(R.Tuple,))
+    """
+    if not isinstance(max_iterations, int) or max_iterations < 1:
+        raise ValueError(f"max_iterations must be a positive int, got {max_iterations!r}")
+    rule = _Rule.make(pattern, rewriter)
+    if isinstance(target, relax.Function):
+        name = _ir.function_name(target)
+        result = _rewrite_function(rule, target, name, None, max_iterations)
+        if not result.same_as(target):
+            _check_well_formed(result, name, rule)
+        return result
+    if isinstance(target, tvm.IRModule):
+        return _rewrite_module(rule, target, max_iterations)
+    raise TypeError(f"target must be a relax.Function or an IRModule, got {type(target).__name__}")
+
+
+def _rewrite_module(rule: _Rule, mod: tvm.IRModule, max_iterations: int) -> tvm.IRModule:
+    functions = dict(mod.functions_items())
+    changed = []
+    for gvar, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            new_func = _rewrite_function(rule, func, gvar.name_hint, mod, max_iterations)
+            if not new_func.same_as(func):
+                functions[gvar] = new_func
+                changed.append(gvar.name_hint)
+    new_mod = tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos)
+    if changed:
+        _check_well_formed(new_mod, ", ".join(changed), rule)
+    return new_mod
+
+
+def RewriteCall(  # noqa: N802 - TVM names passes in CamelCase
+    pattern: DFPattern,
+    rewriter: Rewriter,
+    *,
+    name: str | None = None,
+    max_iterations: int = 10,
+) -> tvm.ir.transform.Pass:
+    """A module pass applying :func:`rewrite_call` to every Relax function.
+
+    Parameters
+    ----------
+    pattern : DFPattern
+        The pattern to match.
+    rewriter : Callable
+        As for :func:`rewrite_call`.
+    name : Optional[str]
+        The pass name (default ``"RewriteCall"``), as shown by pass
+        instrumentation and ``PassContext`` options.
+    max_iterations : int
+        As for :func:`rewrite_call`.
+
+    Returns
+    -------
+    pass : tvm.ir.transform.Pass
+        A module-level pass, composable in ``tvm.transform.Sequential``.
+        A failure raises :class:`RewriteError` through TVM's pass
+        infrastructure with its type and message intact.
+    """
+    _Rule.make(pattern, rewriter)  # fail at construction, not at the first run
+
+    def transform(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        return rewrite_call(pattern, rewriter, mod, max_iterations=max_iterations)
+
+    return tvm.ir.transform.module_pass(transform, opt_level=0, name=name or "RewriteCall")

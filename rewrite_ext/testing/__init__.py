@@ -1,0 +1,1 @@
+"""Testing helpers for rewriters: hypothesis strategies and property checks."""
