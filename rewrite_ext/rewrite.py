@@ -185,14 +185,28 @@ class _RewriteMutator(PyExprMutator):
         try:
             for extra in emitted:
                 self.visit_binding(extra)
-            if isinstance(binding, relax.MatchCast):
-                self.visit_binding(relax.MatchCast(binding.var, new_value, binding.ty))
-            else:
-                self.visit_binding(relax.VarBinding(binding.var, new_value))
+            self._emit_replacement(binding, new_value)
         finally:
             self.suspended -= 1
         self.result.rewritten.append(_ir.var_name(binding.var))
         return True
+
+    def _emit_replacement(self, binding: relax.Binding, new_value: relax.Expr) -> None:
+        """Bind the rewritten value to the binding's var, re-typed if its type changed.
+
+        ``visit_binding`` would take TVM's fast path here (value and var both
+        unchanged by the visit) and keep a stale type annotation, so the var is
+        re-typed by hand; later uses follow through the mutator's var remap.
+        """
+        value = self.visit_expr(new_value)
+        var = self.visit_var_def(binding.var)
+        if isinstance(binding, relax.MatchCast):
+            self.builder_.emit_normalized(relax.MatchCast(var, value, binding.ty))
+            return
+        new_var = self.with_type(var, value.ty)
+        if not new_var.same_as(binding.var):
+            self.set_var_remap(binding.var, new_var)
+        self.builder_.emit_normalized(relax.VarBinding(new_var, value))
 
     def _as_vars(
         self,

@@ -1,0 +1,560 @@
+"""The semantic rules of rewrite_ext.rewrite_call, one test (or a few) per rule."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import tvm
+from tvm import relax
+from tvm.relax.dpl import is_op, wildcard
+from tvm.script import ir as I
+from tvm.script import relax as R
+from tvm.script import tirx as T
+
+from rewrite_ext import RewriteCall, RewriteError, rewrite_call
+
+X, Y = wildcard(), wildcard()
+ADD = is_op("relax.add")(X, Y)
+
+
+def to_multiply(orig, m):
+    return relax.op.multiply(m[X], m[Y])
+
+
+def values(func: relax.Function, block: int = 0) -> list[str]:
+    """The bound values of one block, as TVMScript text, to check bindings one by one."""
+    return [str(b.value) for b in func.body.blocks[block].bindings]
+
+
+def names(func: relax.Function, block: int = 0) -> list[str]:
+    return [b.var.name for b in func.body.blocks[block].bindings]
+
+
+@R.function
+def add_chain(x: R.Tensor((4,), "float32"), y: R.Tensor((4,), "float32")):
+    with R.dataflow():
+        a = R.exp(x)
+        b = R.add(a, y)
+        c = R.add(b, b)
+        R.output(c)
+    return c
+
+
+# -- the builder ----------------------------------------------------------------------------
+
+
+def test_emitted_bindings_land_before_the_rewritten_binding_in_emission_order():
+    def rewriter(orig, m, builder):
+        first = builder.emit(relax.op.negative(m[X]))
+        second = builder.emit(relax.op.abs(first))
+        return relax.op.multiply(second, m[Y])
+
+    out = rewrite_call(ADD, rewriter, add_chain)
+    assert values(out) == [
+        "R.exp(x)",
+        "R.negative(a)",
+        "R.abs(lv)",
+        "R.multiply(lv1, y)",
+        "R.negative(b)",
+        "R.abs(lv2)",
+        "R.multiply(lv3, b)",
+    ]
+    assert names(out)[3] == "b" and names(out)[-1] == "c"
+    relax.analysis.well_formed(out)
+
+
+def test_emit_normalized_and_match_cast_through_the_builder_land_in_order():
+    def rewriter(orig, m, builder):
+        var = relax.DataflowVar("pre", relax.TensorType((4,), "float32"))
+        builder.emit_normalized(relax.VarBinding(var, builder.normalize(relax.op.negative(m[X]))))
+        cast = builder.match_cast(var, relax.TensorType((4,), "float32"))
+        return relax.op.multiply(cast, m[Y])
+
+    out = rewrite_call(ADD, rewriter, add_chain, max_iterations=1)
+    bindings = out.body.blocks[0].bindings
+    assert [type(b).__name__ for b in bindings[:4]] == ["VarBinding", "VarBinding", "MatchCast", "VarBinding"]
+    assert str(bindings[3].value) == f"R.multiply({bindings[2].var.name}, y)"
+    relax.analysis.well_formed(out)
+
+
+def test_rewriter_emitting_nested_calls_gets_them_normalized_before_the_binding():
+    def rewriter(orig, m, builder):
+        return relax.op.multiply(relax.op.negative(m[X]), m[Y])
+
+    out = rewrite_call(ADD, rewriter, add_chain, max_iterations=1)
+    assert values(out)[1:3] == ["R.negative(a)", "R.multiply(lv, y)"]
+
+
+# -- declining ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("decline", [lambda orig, m: orig, lambda orig, m: None])
+def test_declining_every_match_returns_the_input_itself(decline):
+    out = rewrite_call(ADD, decline, add_chain)
+    assert out.same_as(add_chain)
+
+
+def test_function_where_nothing_matches_comes_back_structurally_equal():
+    pattern = is_op("relax.nn.conv2d")(wildcard(), wildcard())
+    out = rewrite_call(pattern, to_multiply, add_chain)
+    tvm.ir.assert_structural_equal(out, add_chain)
+
+
+def test_emitting_and_then_declining_is_an_error_naming_function_binding_and_pattern():
+    before = add_chain.script()
+
+    def rewriter(orig, m, builder):
+        builder.emit(relax.op.negative(m[X]))
+        return orig
+
+    with pytest.raises(RewriteError) as info:
+        rewrite_call(ADD, rewriter, add_chain.with_attr("global_symbol", "main"))
+    message = str(info.value)
+    assert "'main'" in message and "'b'" in message and "relax.add(*, *)" in message
+    assert "declined" in message
+    assert add_chain.script() == before
+
+
+# -- errors ---------------------------------------------------------------------------------
+
+
+def test_rewriter_that_raises_is_reported_with_the_original_exception_chained():
+    boom = KeyError("missing")
+
+    def rewriter(orig, m):
+        raise boom
+
+    with pytest.raises(RewriteError) as info:
+        rewrite_call(ADD, rewriter, add_chain)
+    assert info.value.__cause__ is boom
+    message = str(info.value)
+    assert "KeyError" in message and "'b'" in message and "relax.add" in message
+
+
+@pytest.mark.parametrize("returned", [42, "R.add(a, b)", [relax.const(1.0)]])
+def test_rewriter_returning_a_non_expression_is_an_error(returned):
+    with pytest.raises(RewriteError, match="not a relax.Expr") as info:
+        rewrite_call(ADD, lambda orig, m: returned, add_chain)
+    assert "'b'" in str(info.value)
+
+
+def test_rewriter_returning_an_invalid_expression_is_an_error_naming_the_binding():
+    bad = relax.Var("z", relax.TensorType((7, 3), "float32"))
+
+    def rewriter(orig, m):
+        return relax.op.add(m[X], bad)  # shapes (4,) and (7, 3) do not broadcast
+
+    with pytest.raises(RewriteError, match="normalize") as info:
+        rewrite_call(ADD, rewriter, add_chain)
+    assert "'b'" in str(info.value)
+
+
+def test_result_that_is_not_well_formed_is_an_error():
+    stranger = relax.Var("stranger", relax.TensorType((4,), "float32"))
+
+    def rewriter(orig, m):
+        return relax.op.multiply(m[X], stranger)  # a var bound nowhere in the function
+
+    with pytest.raises(RewriteError, match="not well formed"):
+        rewrite_call(ADD, rewriter, add_chain)
+
+
+def test_rule_that_never_converges_is_an_error_naming_the_bindings_that_keep_matching():
+    def swap(orig, m):
+        return relax.op.add(m[Y], m[X])
+
+    with pytest.raises(RewriteError, match="did not converge") as info:
+        rewrite_call(ADD, swap, add_chain, max_iterations=3)
+    message = str(info.value)
+    assert "'b'" in message and "'c'" in message and "max_iterations=3" in message
+
+
+def test_one_iteration_suffices_for_a_rewrite_whose_output_does_not_match():
+    out = rewrite_call(ADD, to_multiply, add_chain, max_iterations=1)
+    assert values(out) == ["R.exp(x)", "R.multiply(a, y)", "R.multiply(b, b)"]
+
+
+ADD_OR_SUB = is_op("relax.add")(X, Y) | is_op("relax.subtract")(X, Y)
+
+
+def _add_to_sub_to_mul(orig, m):
+    # add -> subtract in one pass, subtract -> multiply in the next: two passes to converge
+    if orig.op.name == "relax.add":
+        return relax.op.subtract(m[X], m[Y])
+    return relax.op.multiply(m[X], m[Y])
+
+
+def test_a_rewrite_that_needs_two_passes_converges_with_max_iterations_two():
+    out = rewrite_call(ADD_OR_SUB, _add_to_sub_to_mul, add_chain, max_iterations=2)
+    assert values(out) == ["R.exp(x)", "R.multiply(a, y)", "R.multiply(b, b)"]
+
+
+def test_a_rewrite_that_needs_two_passes_does_not_converge_in_one():
+    with pytest.raises(RewriteError, match="max_iterations=1"):
+        rewrite_call(ADD_OR_SUB, _add_to_sub_to_mul, add_chain, max_iterations=1)
+
+
+def test_bindings_the_rewriter_emitted_are_not_matched_again_in_the_same_pass():
+    seen = []
+
+    def rewriter(orig, m, builder):
+        seen.append(str(orig))
+        if len(seen) <= 2:
+            builder.emit(relax.op.add(m[X], m[X]))  # would match ADD if it were re-matched
+            return relax.op.multiply(m[X], m[Y])
+        return None
+
+    rewrite_call(ADD, rewriter, add_chain)
+    # pass 1 saw the two original adds; pass 2 saw the two emitted ones; nothing in between
+    assert seen[:2] == ["R.add(a, y)", "R.add(b, b)"]
+    assert len(seen) == 4
+
+
+# -- void -----------------------------------------------------------------------------------
+
+
+@R.function(pure=False)
+def impure_with_unused(x: R.Tensor((4,), "float32")):
+    a = R.exp(x)
+    b = R.add(a, a)
+    return x
+
+
+def test_void_value_for_an_unused_binding_retypes_its_var_as_empty_tuple():
+    def rewriter(orig, m, builder):
+        return relax.op.call_builtin_with_ctx("test.sink", [m[X]], ty_args=[relax.TupleType([])])
+
+    out = rewrite_call(ADD, rewriter, impure_with_unused)
+    binding = out.body.blocks[0].bindings[1]
+    assert isinstance(binding.var.ty, relax.TupleType) and len(binding.var.ty.fields) == 0
+    relax.analysis.well_formed(out)
+
+
+def test_void_value_for_a_binding_whose_var_is_used_later_is_an_error():
+    @R.function(pure=False)
+    def f(x: R.Tensor((4,), "float32")):
+        a = R.add(x, x)
+        b = R.multiply(a, x)
+        return b
+
+    def rewriter(orig, m):
+        return relax.op.call_builtin_with_ctx("test.sink", [m[X]], ty_args=[relax.TupleType([])])
+
+    with pytest.raises(RewriteError, match="used later") as info:
+        rewrite_call(ADD, rewriter, f)
+    assert "'a'" in str(info.value)
+
+
+def test_void_value_for_a_void_binding_keeps_the_var_and_emitted_void_calls_get_fresh_vars():
+    sink = is_op("relax.call_builtin_with_ctx")(wildcard(), wildcard())
+
+    @R.function(pure=False)
+    def f(x: R.Tensor((4,), "float32")):
+        R.call_builtin_with_ctx("test.first", (x,), ty_args=[R.Tuple()])
+        return x
+
+    def rewriter(orig, m, builder):
+        if str(orig.args[0]) != 'R.ExternFunc("test.first")':
+            return None
+        builder.emit(relax.op.call_builtin_with_ctx("test.before", [f.params[0]], ty_args=[relax.TupleType([])]))
+        return relax.op.call_builtin_with_ctx("test.after", [f.params[0]], ty_args=[relax.TupleType([])])
+
+    out = rewrite_call(sink, rewriter, f)
+    old = f.body.blocks[0].bindings[0].var
+    new = out.body.blocks[0].bindings
+    assert len(new) == 2
+    assert new[1].var.same_as(old)
+    assert not new[0].var.same_as(old)
+    assert all(isinstance(b.var.ty, relax.TupleType) and len(b.var.ty.fields) == 0 for b in new)
+    assert 'test.before' in str(new[0].value) and 'test.after' in str(new[1].value)
+
+
+# -- types ----------------------------------------------------------------------------------
+
+
+def test_incompatible_type_retypes_the_var_and_updates_every_later_use():
+    @R.function
+    def f(x: R.Tensor((4,), "float32")):
+        with R.dataflow():
+            a = R.add(x, x)
+            b = R.exp(a)
+            R.output(b)
+        return b
+
+    def rewriter(orig, m):
+        return relax.op.astype(m[X], "float16")
+
+    out = rewrite_call(ADD, rewriter, f)
+    relax.analysis.well_formed(out)
+    a, b = out.body.blocks[0].bindings
+    assert a.var.ty.dtype == "float16"
+    assert b.value.args[0].same_as(a.var)
+    assert b.var.ty.dtype == "float16"  # exp of a float16 is float16: no stale annotation
+
+
+def test_compatible_type_keeps_the_binding_var():
+    out = rewrite_call(ADD, to_multiply, add_chain)
+    for old, new in zip(add_chain.body.blocks[0].bindings, out.body.blocks[0].bindings):
+        assert old.var.same_as(new.var)
+
+
+# -- matchings ------------------------------------------------------------------------------
+
+
+def test_matchings_give_the_binding_var_never_its_value():
+    got = {}
+
+    def rewriter(orig, m):
+        got.update(x=m[X], y=m[Y])
+        return None
+
+    rewrite_call(ADD, rewriter, add_chain)
+    a = add_chain.body.blocks[0].bindings[0].var
+    # TVM's matcher would give R.exp(x) for X; rewrite_ext gives the var a
+    assert got["x"].same_as(add_chain.body.blocks[0].bindings[1].var)  # last match: add(b, b)
+
+
+def test_matchings_see_through_bindings_and_give_vars_for_interior_matches():
+    exp_x = is_op("relax.exp")(X)
+    pattern = is_op("relax.add")(exp_x, Y)
+    got = {}
+
+    def rewriter(orig, m):
+        got.update(exp=m[exp_x], x=m[X])
+        return relax.op.subtract(m[X], m[Y])
+
+    out = rewrite_call(pattern, rewriter, add_chain)
+    a = add_chain.body.blocks[0].bindings[0].var
+    assert got["exp"].same_as(a)
+    assert got["x"].same_as(add_chain.params[0])
+    # the interior binding a = exp(x) is pure and no longer used: it is gone
+    assert values(out) == ["R.subtract(x, y)", "R.add(b, b)"]
+
+
+def test_interior_binding_still_used_elsewhere_is_kept():
+    @R.function
+    def f(x: R.Tensor((4,), "float32"), y: R.Tensor((4,), "float32")):
+        with R.dataflow():
+            a = R.exp(x)
+            b = R.add(a, y)
+            c = R.multiply(a, b)
+            R.output(c)
+        return c
+
+    pattern = is_op("relax.add")(is_op("relax.exp")(X), Y)
+    out = rewrite_call(pattern, lambda orig, m: relax.op.subtract(m[X], m[Y]), f)
+    assert values(out) == ["R.exp(x)", "R.subtract(x, y)", "R.multiply(a, b)"]
+
+
+def test_unused_bindings_that_were_not_part_of_a_match_are_kept():
+    @R.function
+    def f(x: R.Tensor((4,), "float32")):
+        unused = R.exp(x)
+        b = R.add(x, x)
+        also_unused = R.negative(b)
+        return b
+
+    out = rewrite_call(ADD, to_multiply, f)
+    assert values(out) == ["R.exp(x)", "R.multiply(x, x)", "R.negative(b)"]
+
+
+# -- where matching happens -----------------------------------------------------------------
+
+
+def test_matches_in_plain_blocks_of_pure_and_impure_functions():
+    @R.function
+    def pure(x: R.Tensor((4,), "float32")):
+        b = R.add(x, x)
+        return b
+
+    @R.function(pure=False)
+    def impure(x: R.Tensor((4,), "float32")):
+        R.print(x, format="{}")
+        b = R.add(x, x)
+        R.print(b, format="{}")
+        return b
+
+    assert values(rewrite_call(ADD, to_multiply, pure)) == ["R.multiply(x, x)"]
+    out = values(rewrite_call(ADD, to_multiply, impure))
+    assert out[1] == "R.multiply(x, x)" and out[0].startswith("R.print") and out[2].startswith("R.print")
+
+
+def test_matches_in_both_if_branches():
+    @R.function
+    def f(cond: R.Tensor((), "bool"), x: R.Tensor((4,), "float32")):
+        if cond:
+            a = R.add(x, x)
+            r = a
+        else:
+            b = R.add(x, R.exp(x))
+            r = b
+        return r
+
+    out = rewrite_call(ADD, to_multiply, f)
+    text = out.script()
+    assert "R.add" not in text and text.count("R.multiply") == 2
+    relax.analysis.well_formed(out)
+
+
+def test_matches_inside_nested_local_functions():
+    @R.function
+    def f(x: R.Tensor((4,), "float32")):
+        @R.function
+        def inner(y: R.Tensor((4,), "float32")) -> R.Tensor((4,), "float32"):
+            z = R.add(y, y)
+            return z
+
+        out = inner(x)
+        return out
+
+    out = rewrite_call(ADD, to_multiply, f)
+    text = out.script()
+    assert "R.add" not in text and "R.multiply(y, y)" in text
+    relax.analysis.well_formed(out)
+
+
+# -- purity ---------------------------------------------------------------------------------
+
+
+def _emit_impure(orig, m, builder):
+    builder.emit(relax.op.call_builtin_with_ctx("test.effect", [m[X]], ty_args=[relax.TupleType([])]))
+    return relax.op.multiply(m[X], m[Y])
+
+
+def test_impure_call_emitted_into_a_dataflow_block_is_an_error_that_says_how_to_fix_it():
+    with pytest.raises(RewriteError, match="DataflowBlock") as info:
+        rewrite_call(ADD, _emit_impure, add_chain)
+    assert "leaving dataflow" in str(info.value) and "'b'" in str(info.value)
+
+
+def test_impure_call_in_a_pure_function_is_an_error_that_says_how_to_fix_it():
+    @R.function
+    def f(x: R.Tensor((4,), "float32")):
+        b = R.add(x, x)
+        return b
+
+    with pytest.raises(RewriteError, match="pure=False"):
+        rewrite_call(ADD, _emit_impure, f)
+
+    def return_impure(orig, m):
+        return relax.op.call_builtin_with_ctx("test.effect", [m[X]], ty_args=[relax.TensorType((4,), "float32")])
+
+    with pytest.raises(RewriteError, match="returned the impure call"):
+        rewrite_call(ADD, return_impure, f)
+
+
+def test_impure_call_in_a_plain_block_of_an_impure_function_is_allowed():
+    out = rewrite_call(ADD, _emit_impure, impure_with_unused)
+    assert "test.effect" in values(out)[1]
+    relax.analysis.well_formed(out)
+
+
+# -- the input is never changed -------------------------------------------------------------
+
+
+def test_input_function_is_unchanged_after_success_and_after_failure():
+    before = add_chain.script()
+    rewrite_call(ADD, to_multiply, add_chain)
+    with pytest.raises(RewriteError):
+        rewrite_call(ADD, lambda orig, m: 1, add_chain)
+    assert add_chain.script() == before
+
+
+# -- rewriter signatures --------------------------------------------------------------------
+
+
+class _CallableRewriter:
+    def __call__(self, orig, m, builder):
+        return relax.op.multiply(builder.emit(relax.op.negative(m[X])), m[Y])
+
+
+def _three(orig, m, builder, scale=1):
+    return relax.op.multiply(builder.emit(relax.op.negative(m[X])), m[Y])
+
+
+@pytest.mark.parametrize(
+    "rewriter, emits",
+    [
+        (to_multiply, False),
+        (lambda orig, m: relax.op.multiply(m[X], m[Y]), False),
+        (lambda orig, m, b: relax.op.multiply(b.emit(relax.op.negative(m[X])), m[Y]), True),
+        (_CallableRewriter(), True),
+        (functools.partial(_three, scale=2), True),
+        (lambda *args: relax.op.multiply(args[2].emit(relax.op.negative(args[1][X])), args[1][Y]), True),
+    ],
+)
+def test_rewriter_form_is_read_from_its_signature(rewriter, emits):
+    out = rewrite_call(ADD, rewriter, add_chain, max_iterations=1)
+    assert ("R.negative" in out.script()) == emits
+
+
+# -- modules and passes ---------------------------------------------------------------------
+
+
+@I.ir_module
+class Module:
+    @T.prim_func(private=True)
+    def add_one(A: T.Buffer((4,), "float32"), B: T.Buffer((4,), "float32")):
+        for i in range(4):
+            B[i] = A[i] + T.float32(1)
+
+    @R.function
+    def main(x: R.Tensor((4,), "float32")):
+        cls = Module
+        with R.dataflow():
+            a = R.call_tir(cls.add_one, (x,), out_ty=R.Tensor((4,), "float32"))
+            b = R.add(a, a)
+            R.output(b)
+        return b
+
+    @R.function
+    def other(x: R.Tensor((4,), "float32")):
+        b = R.add(x, x)
+        return b
+
+
+def test_module_target_rewrites_every_relax_function_and_keeps_the_rest():
+    before = Module.script()
+    out = rewrite_call(ADD, to_multiply, Module)
+    assert isinstance(out, tvm.IRModule) and not out.same_as(Module)
+    assert "R.add" not in out.script()
+    tvm.ir.assert_structural_equal(out["add_one"], Module["add_one"])
+    assert Module.script() == before
+    relax.analysis.well_formed(out)
+
+
+def test_rewrite_call_pass_composes_in_sequential():
+    seq = tvm.transform.Sequential([RewriteCall(ADD, to_multiply, name="AddToMul"), relax.transform.FoldConstant()])
+    out = seq(Module)
+    tvm.ir.assert_structural_equal(out, rewrite_call(ADD, to_multiply, Module))
+    assert RewriteCall(ADD, to_multiply, name="AddToMul").info.name == "AddToMul"
+
+
+def test_rewrite_error_keeps_its_type_and_message_through_sequential():
+    def rewriter(orig, m):
+        raise ValueError("no good")
+
+    seq = tvm.transform.Sequential([RewriteCall(ADD, rewriter)])
+    with pytest.raises(RewriteError) as info:
+        seq(Module)
+    message = str(info.value)
+    assert "no good" in message and "'main'" in message and "'b'" in message and "relax.add" in message
+
+
+def test_rewrite_error_is_registered_with_tvm_ffi():
+    import tvm_ffi
+
+    converted = tvm_ffi.convert(RewriteError("kept")).py_error()
+    assert isinstance(converted, RewriteError) and "kept" in str(converted)
+
+
+def test_bad_arguments_fail_at_once():
+    with pytest.raises(TypeError):
+        rewrite_call("relax.add", to_multiply, add_chain)
+    with pytest.raises(TypeError):
+        RewriteCall(ADD, "not callable")
+    with pytest.raises(ValueError):
+        rewrite_call(ADD, to_multiply, add_chain, max_iterations=0)
+    with pytest.raises(TypeError):
+        rewrite_call(ADD, to_multiply, relax.const(1.0))
