@@ -9,7 +9,8 @@ match can become several bindings, void ones included.
 
 from __future__ import annotations
 
+from . import ops
 from .errors import RewriteError
 from .rewrite import RewriteCall, Rewriter, rewrite_call
 
-__all__ = ["RewriteCall", "RewriteError", "Rewriter", "rewrite_call"]
+__all__ = ["RewriteCall", "RewriteError", "Rewriter", "ops", "rewrite_call"]

@@ -1,1 +1,7 @@
 """Hexagon lowering: the copy-to-DMA reference rewrite and its CPU stand-in."""
+
+from __future__ import annotations
+
+from .dma import DMA_COPY, DMA_WAIT, CopyToDMA, copy_tensor_pattern, copy_to_dma
+
+__all__ = ["DMA_COPY", "DMA_WAIT", "CopyToDMA", "copy_tensor_pattern", "copy_to_dma"]
