@@ -1,0 +1,143 @@
+"""copy_to_dma: the exact IR it produces, its options, its pass and its errors."""
+
+from __future__ import annotations
+
+import pytest
+import tvm
+from tvm import relax
+from tvm.script import ir as I
+from tvm.script import relax as R
+
+import rewrite_ext  # noqa: F401 - registers R.vm.copy_tensor
+from rewrite_ext import RewriteError, rewrite_call
+from rewrite_ext.hexagon import CopyToDMA, copy_tensor_pattern, copy_to_dma
+from rewrite_ext.ops import copy_tensor
+
+
+@I.ir_module
+class Seed:
+    @R.function(pure=False)
+    def main(x: R.Tensor((32, 64), "int32")) -> R.Tensor((32, 64), "int32"):
+        vtcm_obj = R.vm.alloc_storage(R.shape([16384]), R.prim_value(0), R.dtype("uint8"), R.str("global"))
+        a = R.vm.alloc_tensor(vtcm_obj, R.prim_value(0), R.shape([32, 64]), R.dtype("int32"))
+        R.vm.copy_tensor(x, a)
+        b = R.vm.alloc_tensor(vtcm_obj, R.prim_value(8192), R.shape([32, 64]), R.dtype("int32"))
+        R.vm.copy_tensor(a, b)
+        return b
+
+
+@I.ir_module
+class SeedAfter:
+    @R.function(pure=False)
+    def main(x: R.Tensor((32, 64), "int32")) -> R.Tensor((32, 64), "int32"):
+        vtcm_obj = R.vm.alloc_storage(R.shape([16384]), R.prim_value(0), R.dtype("uint8"), R.str("global"))
+        a = R.vm.alloc_tensor(vtcm_obj, R.prim_value(0), R.shape([32, 64]), R.dtype("int32"))
+        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", [x, a, 0, True], ty_args=[R.Tuple()])
+        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", [0, 0, True, x, a], ty_args=[R.Tuple()])
+        b = R.vm.alloc_tensor(vtcm_obj, R.prim_value(8192), R.shape([32, 64]), R.dtype("int32"))
+        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", [a, b, 0, True], ty_args=[R.Tuple()])
+        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", [0, 0, True, a, b], ty_args=[R.Tuple()])
+        return b
+
+
+def test_seed_module_becomes_the_expected_ir():
+    tvm.ir.assert_structural_equal(copy_to_dma(Seed), SeedAfter)
+
+
+def test_seed_module_checked_binding_by_binding():
+    out = copy_to_dma(Seed)["main"]
+    bindings = out.body.blocks[0].bindings
+    x = out.params[0]
+    vtcm, a = bindings[0].var, bindings[1].var
+    assert [type(b.value).__name__ for b in bindings].count("Call") == len(bindings) == 7
+    copy, wait = bindings[2].value, bindings[3].value
+    assert copy.op.same_as(tvm.ir.Op.get("relax.call_builtin_with_ctx"))
+    assert copy.args[0].global_symbol == "vm.builtin.hexagon.dma_copy"
+    assert wait.args[0].global_symbol == "vm.builtin.hexagon.dma_wait"
+    copy_args, wait_args = list(copy.args[1].fields), list(wait.args[1].fields)
+    assert copy_args[0].same_as(x) and copy_args[1].same_as(a)  # the var a, not a second alloc_tensor
+    assert [int(v) for v in copy_args[2:]] == [0, 1]
+    assert [int(v) for v in wait_args[:3]] == [0, 0, 1]
+    assert wait_args[3].same_as(x) and wait_args[4].same_as(a)
+    for binding in (bindings[2], bindings[3]):
+        assert isinstance(binding.var.ty, relax.TupleType) and len(binding.var.ty.fields) == 0
+    # nothing else moved: the allocation of b still comes after the first copy's wait
+    assert bindings[4].var.name == "b" and bindings[0].var.same_as(vtcm)
+
+
+def test_queue_id_bypass_cache_and_legacy_wait_options():
+    out = copy_to_dma(Seed, queue_id=3, bypass_cache=False, legacy_wait=True)["main"]
+    copy, wait = out.body.blocks[0].bindings[2].value, out.body.blocks[0].bindings[3].value
+    assert [int(v) for v in list(copy.args[1].fields)[2:]] == [3, 0]
+    assert [int(v) for v in wait.args[1].fields] == [3, 0]
+
+
+def test_output_survives_a_tvmscript_round_trip():
+    out = copy_to_dma(Seed)
+    tvm.ir.assert_structural_equal(tvm.script.from_source(out.script()), out)
+
+
+def test_input_module_is_unchanged():
+    before = Seed.script()
+    copy_to_dma(Seed)
+    assert Seed.script() == before
+
+
+def test_function_target_returns_a_function():
+    out = copy_to_dma(Seed["main"])
+    assert isinstance(out, relax.Function)
+    tvm.ir.assert_structural_equal(out, SeedAfter["main"])
+
+
+def test_copy_to_dma_pass_composes_in_sequential():
+    seq = tvm.transform.Sequential([CopyToDMA()])
+    tvm.ir.assert_structural_equal(seq(Seed), SeedAfter)
+    assert CopyToDMA().info.name == "CopyToDMA"
+
+
+def test_the_pattern_matches_copy_tensor_calls_only():
+    x = relax.Var("x", relax.TensorType((4,), "float32"))
+    y = relax.Var("y", relax.TensorType((4,), "float32"))
+    assert copy_tensor_pattern().match(copy_tensor(x, y))
+    assert not copy_tensor_pattern().match(relax.op.add(x, y))
+
+
+def test_copy_in_a_pure_function_is_reported_as_a_purity_error():
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4,), "float32"))
+    y = relax.Var("y", relax.TensorType((4,), "float32"))
+    # Built impure, then re-declared pure: what a careless pass could leave behind.
+    with bb.function("main", [x, y], pure=False):
+        bb.emit(copy_tensor(x, y))
+        bb.emit_func_output(y)
+    func = bb.get()["main"]
+    pure = relax.Function(func.params, func.body, func.ret_ty, is_pure=True, attrs=func.attrs)
+    with pytest.raises(RewriteError, match="pure=False"):
+        rewrite_call(copy_tensor_pattern(), _emit_dma_like, pure)
+
+
+def _emit_dma_like(orig, matchings, builder):
+    # the same shape as the reference rewriter: emit an impure call, return another
+    src, dst = orig.args
+    builder.emit(relax.op.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", [src, dst], ty_args=[relax.TupleType([])]))
+    return relax.op.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", [src, dst], ty_args=[relax.TupleType([])])
+
+
+def test_copies_in_if_branches_and_several_blocks_are_all_rewritten():
+    @I.ir_module
+    class Mod:
+        @R.function(pure=False)
+        def main(c: R.Tensor((), "bool"), x: R.Tensor((4,), "float32"), y: R.Tensor((4,), "float32")):
+            R.vm.copy_tensor(x, y)
+            if c:
+                R.vm.copy_tensor(y, x)
+                r = x
+            else:
+                r = y
+            return r
+
+    out = copy_to_dma(Mod)
+    text = out.script()
+    assert "copy_tensor" not in text
+    assert text.count("hexagon.dma_copy") == 2 and text.count("hexagon.dma_wait") == 2
+    relax.analysis.well_formed(out)
