@@ -61,10 +61,11 @@ def _random_inputs(func: tvm.relax.Function, rng: np.random.Generator) -> list[t
     for param in func.params:
         ty = param.ty
         shape = [int(dim) for dim in ty.shape.values]
-        if ty.dtype.startswith("float"):
-            data = rng.standard_normal(shape).astype(ty.dtype)
+        dtype = str(getattr(ty.dtype, "dtype", ty.dtype))  # a PrimType in TVM 0.27, a str before
+        if dtype.startswith("float"):
+            data = rng.standard_normal(shape).astype(dtype)
         else:
-            data = rng.integers(-100, 100, size=shape).astype(ty.dtype)
+            data = rng.integers(-100, 100, size=shape).astype(dtype)
         inputs.append(tvm.runtime.tensor(data))
     return inputs
 

@@ -2,6 +2,16 @@
 
 from __future__ import annotations
 
+from .cpu_dma import CPUDMA, DMAError, cpu_dma
 from .dma import DMA_COPY, DMA_WAIT, CopyToDMA, copy_tensor_pattern, copy_to_dma
 
-__all__ = ["DMA_COPY", "DMA_WAIT", "CopyToDMA", "copy_tensor_pattern", "copy_to_dma"]
+__all__ = [
+    "CPUDMA",
+    "DMA_COPY",
+    "DMA_WAIT",
+    "CopyToDMA",
+    "DMAError",
+    "copy_tensor_pattern",
+    "copy_to_dma",
+    "cpu_dma",
+]

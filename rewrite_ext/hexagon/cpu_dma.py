@@ -49,10 +49,9 @@ import numpy as np
 import tvm
 import tvm_ffi
 
-__all__ = ["CPUDMA", "DMAError", "Transfer", "cpu_dma", "DMA_COPY", "DMA_WAIT", "MAX_DMA_LENGTH", "MAX_DMA_QUEUES"]
+from .dma import DMA_COPY, DMA_WAIT
 
-DMA_COPY = "vm.builtin.hexagon.dma_copy"
-DMA_WAIT = "vm.builtin.hexagon.dma_wait"
+__all__ = ["CPUDMA", "DMAError", "Transfer", "cpu_dma", "MAX_DMA_LENGTH", "MAX_DMA_QUEUES"]
 
 #: Queues of the Hexagon user DMA engine (hexagon_user_dma.h); ids must be below this.
 MAX_DMA_QUEUES = 10
