@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from tvm import ir
 from tvm.relax.dpl import pattern as P
 
@@ -92,5 +94,22 @@ def describe(pattern: P.DFPattern) -> str:
     if isinstance(pattern, P.TuplePattern):
         return "(" + ", ".join(describe(f) for f in pattern.fields) + ")"
     if isinstance(pattern, P.GlobalVarPattern):
-        return f"@{pattern.name_hint() if callable(pattern.name_hint) else pattern.name_hint}"
+        return "@" + str(getattr(pattern, "name_hint", getattr(pattern, "name", "")) or "*")
     return type(pattern).__name__
+
+
+def alternatives(
+    pattern: P.DFPattern, enclosing: tuple[P.DFPattern, ...] = ()
+) -> Iterator[tuple[P.DFPattern, tuple[P.DFPattern, ...]]]:
+    """The alternatives of a top-level OrPattern, left to right, each with its enclosing Ors.
+
+    TVM's rewriter splits ``a | b`` into two rewriters and still lets the
+    rewriter look up ``matchings[a | b]``; the enclosing Or nodes are kept
+    so that lookup keeps working.
+    """
+    if isinstance(pattern, P.OrPattern):
+        inner = (*enclosing, pattern)
+        yield from alternatives(pattern.left, inner)
+        yield from alternatives(pattern.right, inner)
+    else:
+        yield pattern, enclosing

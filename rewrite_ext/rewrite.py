@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Union
 
 import tvm
+import tvm_ffi
 from tvm import relax
 from tvm.relax.dpl import DFPattern
 from tvm.relax.dpl import pattern as P
@@ -32,6 +33,10 @@ Rewriter = Union[
     Callable[[relax.Expr, Mapping[DFPattern, relax.Expr], relax.BlockBuilder], Union[relax.Expr, None]],
 ]
 """A rewriter: ``(orig, matchings)`` or ``(orig, matchings, builder)`` to a new expression."""
+
+
+def _structurally_equal(a: relax.Expr, b: relax.Expr) -> bool:
+    return bool(tvm_ffi.structural_equal(a, b))
 
 
 def _takes_builder(rewriter: Callable[..., Any]) -> bool:
@@ -58,6 +63,8 @@ class _Rule:
     root_ops: frozenset | None
     needs_bindings: bool
     description: str
+    alternatives: tuple[tuple[DFPattern, tuple[DFPattern, ...]], ...]
+    """Each alternative of a top-level OrPattern, with the Or nodes that enclose it."""
 
     @classmethod
     def make(cls, pattern: DFPattern, rewriter: Callable[..., Any]) -> _Rule:
@@ -72,6 +79,7 @@ class _Rule:
             _patterns.root_ops(pattern),
             _patterns.needs_bindings(pattern),
             _patterns.describe(pattern),
+            tuple(_patterns.alternatives(pattern)),
         )
 
 
@@ -153,7 +161,9 @@ class _RewriteMutator(PyExprMutator):
             if is_candidate(value) and self._try_rewrite(binding, value, var2val, is_dataflow):
                 continue
             self.visit_binding(binding)
-            if var2val is not None:
+            # Impure bindings are not seen through (TVM's matcher stops at them too): a
+            # rewriter rebuilding their value would repeat a side effect.
+            if var2val is not None and not relax.analysis.contains_impure_call(value):
                 var2val[binding.var] = value
         return builder._end_block()
 
@@ -166,12 +176,20 @@ class _RewriteMutator(PyExprMutator):
         var2val: dict[relax.Var, relax.Expr] | None,
         is_dataflow: bool,
     ) -> bool:
-        matched = self.rule.pattern.extract_matched_expr(value, var2val)
-        if matched is None:
-            return False
-        matchings = self._as_vars(matched, value, var2val)
-        emitted, new_value = self._call_rewriter(binding, value, matchings, is_dataflow)
-        if new_value is None:
+        # A top-level OrPattern is tried one alternative at a time, as TVM's OrRewriter
+        # does, so a rewriter that declines one alternative is offered the next.
+        for alternative, enclosing in self.rule.alternatives:
+            matched = alternative.extract_matched_expr(value, var2val)
+            if matched is None:
+                continue
+            matchings, interior = self._as_vars(matched, value, var2val)
+            for pattern in enclosing:
+                matchings[pattern] = value
+            emitted, new_value = self._call_rewriter(binding, value, matchings, is_dataflow)
+            if new_value is not None and not emitted and _structurally_equal(new_value, value):
+                new_value = None  # an equal rebuild changes nothing; counting it would never converge
+            if new_value is not None:
+                break
             if emitted:
                 self._fail(
                     binding,
@@ -179,7 +197,9 @@ class _RewriteMutator(PyExprMutator):
                     "(returned the original call or None); return the replacement expression, "
                     "or decline before emitting anything",
                 )
+        else:
             return False
+        self.result.interior.extend(interior)
         self._check_result(binding, emitted, new_value, is_dataflow)
         self.suspended += 1
         try:
@@ -213,7 +233,7 @@ class _RewriteMutator(PyExprMutator):
         matched: Mapping[DFPattern, relax.Expr],
         root: relax.Expr,
         var2val: dict[relax.Var, relax.Expr] | None,
-    ) -> dict[DFPattern, relax.Expr]:
+    ) -> tuple[dict[DFPattern, relax.Expr], list[relax.Var]]:
         """Give each match as the var that binds it, never its bound value.
 
         TVM's matcher hands out the value behind a var (``m[dst]`` of
@@ -223,8 +243,9 @@ class _RewriteMutator(PyExprMutator):
         unused they are dropped after the pass.
         """
         matchings = dict(matched.items())
+        interior: list[relax.Var] = []
         if not var2val:
-            return matchings
+            return matchings, interior
         # Objects hash by handle, so this finds the binding of the very value matched.
         var_of = {val: var for var, val in var2val.items()}
         for pat, expr in matchings.items():
@@ -234,9 +255,9 @@ class _RewriteMutator(PyExprMutator):
             if var is None:
                 continue
             matchings[pat] = var
-            if not isinstance(pat, P.WildcardPattern) and not relax.analysis.contains_impure_call(expr):
-                self.result.interior.append(var)
-        return matchings
+            if not isinstance(pat, P.WildcardPattern):
+                interior.append(var)
+        return matchings, interior
 
     def _call_rewriter(
         self,

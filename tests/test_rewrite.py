@@ -167,7 +167,72 @@ def test_rule_that_never_converges_is_an_error_naming_the_bindings_that_keep_mat
     with pytest.raises(RewriteError, match="did not converge") as info:
         rewrite_call(ADD, swap, add_chain, max_iterations=3)
     message = str(info.value)
-    assert "'b'" in message and "'c'" in message and "max_iterations=3" in message
+    # c = add(b, b) swaps into an equal expression: that is no change, so only b keeps matching
+    assert "'b'" in message and "'c'" not in message and "max_iterations=3" in message
+
+
+def test_a_structurally_equal_rebuild_counts_as_no_change_and_converges():
+    def sort_operands(orig, m):
+        lhs, rhs = sorted([m[X], m[Y]], key=lambda v: v.name)
+        return relax.op.add(lhs, rhs)
+
+    @R.function
+    def f(x: R.Tensor((4,), "float32"), y: R.Tensor((4,), "float32")):
+        a = R.add(y, x)
+        b = R.add(a, x)
+        return b
+
+    out = rewrite_call(ADD, sort_operands, f)
+    assert values(out, 0) == ["R.add(x, y)", "R.add(a, x)"]
+
+
+def test_or_pattern_offers_the_next_alternative_when_the_rewriter_declines_one():
+    first = is_op("relax.add")(X, Y)
+    second = is_op("relax.add")(X, is_op("relax.negative")(wildcard()))
+    pattern = first | second
+    offered = []
+
+    def rewriter(orig, m):
+        offered.append("second" if second in m else "first")
+        assert m[pattern].same_as(orig)  # the Or node itself is looked up as in TVM
+        return None if second not in m else relax.op.multiply(m[X], m[X])
+
+    @R.function
+    def f(x: R.Tensor((4,), "float32")):
+        n = R.negative(x)
+        b = R.add(x, n)
+        return b
+
+    out = rewrite_call(pattern, rewriter, f)
+    assert offered[:2] == ["first", "second"]
+    # n was seen through by the second alternative and is unused now: dropped
+    assert values(out) == ["R.multiply(x, x)"]
+
+
+def test_impure_bindings_are_not_seen_through():
+    pattern = is_op("relax.add")(is_op("relax.call_builtin_with_ctx")(wildcard(), wildcard()), Y)
+
+    @R.function(pure=False)
+    def f(x: R.Tensor((4,), "float32")):
+        a = R.call_builtin_with_ctx("test.effect", (x,), ty_args=[R.Tensor((4,), "float32")])
+        b = R.add(a, x)
+        return b
+
+    out = rewrite_call(pattern, lambda orig, m: relax.op.multiply(m[Y], m[Y]), f)
+    assert out.same_as(f)
+
+
+def test_patterns_naming_a_global_var_are_described_in_errors():
+    from tvm.relax.dpl import is_call_tir
+
+    pattern = is_call_tir("add_one", [X])
+
+    def rewriter(orig, m):
+        raise RuntimeError("boom")
+
+    with pytest.raises(RewriteError, match="boom") as info:
+        rewrite_call(pattern, rewriter, Module)
+    assert "relax.call_tir(" in str(info.value)
 
 
 def test_one_iteration_suffices_for_a_rewrite_whose_output_does_not_match():
