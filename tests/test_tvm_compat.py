@@ -34,6 +34,12 @@ import rewrite_ext
 from rewrite_ext import RewriteError
 
 
+def _const_data(const):
+    """A relax.Constant's array: ``.value`` in TVM 0.27, ``.data`` before."""
+    data = getattr(const, "value", None)
+    return (data if data is not None else const.data).numpy()
+
+
 def tvm_rewrite(pattern, rewriter, target):
     """TVM's rewrite: ``rewrite_call`` for a function, its PatternMatchingRewriter for a module."""
     if isinstance(target, tvm.IRModule):
@@ -357,7 +363,7 @@ OP_WITH_CONST = ADD_OR_MUL_OP(CONST_ARG, CONST)
 
 
 def one_to_two(orig, m):
-    value = m[CONST].value.numpy()
+    value = _const_data(m[CONST])
     if value.shape == () and value[()] == 1.0:
         return relax.Call(m[ADD_OR_MUL_OP], [m[CONST_ARG], relax.const(2.0)])
     return orig
@@ -404,7 +410,7 @@ TIMES_CONST = is_op("relax.multiply")(X, CONST)
 
 
 def times_two_to_add(orig, m):
-    if float(m[CONST].value.numpy()) == 2.0:
+    if float(_const_data(m[CONST])) == 2.0:
         return relax.op.add(m[X], m[X])
     return None
 
