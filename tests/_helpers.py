@@ -1,0 +1,180 @@
+"""Shared by the property tests: reading bindings, TVM's cleanups, running on the VM."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+import tvm
+import tvm_ffi
+from tvm import relax
+from tvm.relax.expr_functor import PyExprVisitor, visitor
+
+from rewrite_ext.hexagon import cpu_dma
+
+# ---------------------------------------------------------------------------------------------
+# Reading IR
+# ---------------------------------------------------------------------------------------------
+
+
+def all_bindings(func: relax.Function) -> list[relax.Binding]:
+    """Every binding at any depth: top-level blocks, If branches, nested local functions."""
+    found: list[relax.Binding] = []
+
+    @visitor
+    class Walk(PyExprVisitor):
+        def visit_var_binding_(self, binding):
+            found.append(binding)
+            super().visit_var_binding_(binding)
+
+        def visit_match_cast_(self, binding):
+            found.append(binding)
+            super().visit_match_cast_(binding)
+
+    Walk().visit_expr(func)
+    return found
+
+
+def op_name(expr: relax.Expr) -> str | None:
+    """``"add"`` for ``R.add(...)``, the builtin's name for ``call_builtin_with_ctx``, else None."""
+    if not isinstance(expr, relax.Call) or not isinstance(expr.op, tvm.ir.Op):
+        return None
+    name = str(expr.op.name)
+    if name == "relax.call_builtin_with_ctx":
+        return str(expr.args[0].global_symbol)
+    return name.removeprefix("relax.")
+
+
+def binding_kinds(func: relax.Function) -> Counter:
+    """How many bindings of each kind: op names, or the expression's class (If, Tuple, ...)."""
+    kinds: Counter = Counter()
+    for binding in all_bindings(func):
+        kinds[op_name(binding.value) or type(binding.value).__name__] += 1
+    return kinds
+
+
+def dtype_of(expr: relax.Expr) -> str:
+    return str(expr.ty.dtype.dtype)
+
+
+def shape_of(expr: relax.Expr) -> tuple[int, ...]:
+    return tuple(int(d) for d in expr.ty.shape.values)
+
+
+def is_float(dtype: str) -> bool:
+    return dtype.startswith("float") or dtype.startswith("bfloat")
+
+
+def equal(a, b) -> bool:
+    return bool(tvm_ffi.structural_equal(a, b))
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What an object looked like: its structural hash and printed text.
+
+    (``tvm.ir.save_json`` crashes on Relax functions in TVM 0.27, so no deep copy.)
+    """
+
+    hash: int
+    text: str
+
+    @classmethod
+    def of(cls, obj) -> Snapshot:
+        return cls(tvm_ffi.structural_hash(obj), obj.script(show_meta=False))
+
+    def assert_unchanged(self, obj) -> None:
+        assert tvm_ffi.structural_hash(obj) == self.hash and obj.script(show_meta=False) == self.text, (
+            "the input changed"
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# TVM's rewrite_call and what it runs after every round
+# ---------------------------------------------------------------------------------------------
+
+
+def tvm_cleanups(func: relax.Function) -> relax.Function:
+    """CanonicalizeBindings, EliminateCommonSubexpr and remove_all_unused, once."""
+    mod = tvm.IRModule({"f": func})
+    mod = relax.transform.CanonicalizeBindings()(mod)
+    mod = relax.transform.EliminateCommonSubexpr()(mod)
+    return relax.analysis.remove_all_unused(mod["f"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Running
+# ---------------------------------------------------------------------------------------------
+
+
+def random_inputs(func: relax.Function, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    inputs = []
+    for param in func.params:
+        shape, dtype = shape_of(param), dtype_of(param)
+        if is_float(dtype):
+            inputs.append(rng.standard_normal(shape).astype(dtype))
+        elif dtype == "bool":
+            inputs.append(rng.integers(0, 2, size=shape).astype(dtype))
+        else:
+            inputs.append(rng.integers(-100, 100, size=shape).astype(dtype))
+    return inputs
+
+
+def _numpy(result) -> list[np.ndarray]:
+    if isinstance(result, tvm.runtime.Tensor):
+        return [result.numpy()]
+    return [r.numpy() for r in result]
+
+
+@tvm.instrument.pass_instrument
+class _Skip:
+    """Skips the pass named ``skip`` (a PassContext instrument)."""
+
+    def __init__(self, skip: str) -> None:
+        self.skip = skip
+
+    def should_run(self, _mod, info) -> bool:
+        return info.name != self.skip
+
+
+def has_if(func: relax.Function) -> bool:
+    return any(isinstance(b.value, relax.If) for b in all_bindings(func))
+
+
+def run_together(functions: dict[str, relax.Function], inputs: list[np.ndarray], *, dma=False):
+    """Build the functions into one module (one ``relax.build``) and run each on ``inputs``.
+
+    Each keeps its name as its ``global_symbol``; local functions are lambda-lifted.
+    A module with an ``If`` is built without ``StaticPlanBlockMemory``: in TVM 0.27 that pass
+    puts the ``alloc_storage`` shared by both branches in the then-branch only, so taking the
+    else-branch segfaults in ``StorageObj::AllocTensor`` (apache/tvm#17348; any If whose
+    branches each compute an intermediate tensor; TVM's own bug, with or without a rewrite).
+    With ``dma=True`` the VM is made and run inside ``cpu_dma()``, returned last.
+    """
+    lifted = {}
+    for name, func in functions.items():
+        # One LambdaLift per function: lifting two functions that share a local function
+        # (an unchanged one, as both rewrites keep it) fails on a duplicate GlobalVar.
+        one = relax.transform.LambdaLift()(tvm.IRModule({name: func.with_attr("global_symbol", name)}))
+        lifted.update(one.functions_items())
+    mod = tvm.IRModule(lifted)
+    instruments = [_Skip("StaticPlanBlockMemory")] if any(has_if(f) for f in functions.values()) else []
+    with tvm.transform.PassContext(opt_level=3, instruments=instruments):
+        executable = relax.build(mod, target="llvm")
+    args = [tvm.runtime.tensor(x) for x in inputs]
+    if not dma:
+        vm = relax.VirtualMachine(executable, tvm.cpu())
+        return {name: _numpy(vm[name](*args)) for name in functions}
+    with cpu_dma() as engine:
+        vm = relax.VirtualMachine(executable, tvm.cpu())
+        results = {name: _numpy(vm[name](*args)) for name in functions}
+    return results, engine
+
+
+def assert_same_results(got: list[np.ndarray], expected: list[np.ndarray]) -> None:
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        assert g.dtype == e.dtype and g.shape == e.shape
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6, equal_nan=True)
