@@ -111,3 +111,25 @@ def test_the_stand_in_catches_the_seed_posts_early_wait():
             results["y"] = _run(SeedRace, [x], "bytecode")
     # the kernel read dst before the transfer landed: poison, not 2 * x
     assert not np.allclose(results["y"], 2 * x.numpy())
+
+
+@pytest.mark.parametrize("num_queues", [1, 2])
+def test_overlap_output_runs_equal_with_waits_moved_later(num_queues):
+    inputs = _inputs(CopiesAndCompute["main"], seed=11)
+    expected = _run(CopiesAndCompute, inputs, "bytecode")
+    rewritten = copy_to_dma(CopiesAndCompute, overlap=True, num_queues=num_queues)
+    with cpu_dma() as dma:
+        got = _run(rewritten, inputs, "bytecode")
+    np.testing.assert_array_equal(got, expected)
+    assert dma.copies == dma.waits == 4
+    queues = sorted(dma.peak_in_flight)
+    assert queues == list(range(num_queues))
+    # at least one wait no longer follows its copy at once
+    names = [str(b.value.args[0]) if isinstance(b.value, relax.Call) else "" for b in rewritten["main"].body.blocks[0].bindings]
+    pairs = [i for i, n in enumerate(names) if "dma_copy" in n]
+    assert any("dma_wait" not in names[i + 1] for i in pairs)
+
+
+def test_copy_to_dma_rejects_zero_queues():
+    with pytest.raises(ValueError, match="num_queues"):
+        copy_to_dma(CopiesAndCompute, num_queues=0)

@@ -84,6 +84,8 @@ def copy_to_dma(
     queue_id: int = 0,
     bypass_cache: bool = True,
     legacy_wait: bool = False,
+    overlap: bool = False,
+    num_queues: int = 1,
 ) -> relax.Function | tvm.IRModule:
     """Turn every ``R.vm.copy_tensor(src, dst)`` into a DMA copy and its wait.
 
@@ -100,6 +102,15 @@ def copy_to_dma(
     legacy_wait : bool
         Emit the two-argument ``dma_wait(queue_id, 0)`` of runtimes older
         than apache/tvm#16706, which does not carry src and dst.
+    overlap : bool
+        Move each wait down to just before the first later binding of its
+        block that conflicts with the transfer, with the ``inflight_dma``
+        that waits for exactly that transfer, so compute overlaps the copy
+        (see :func:`rewrite_ext.hexagon.overlap.sink_dma_waits`).
+    num_queues : int
+        Spread the transfers round-robin over queue ids ``queue_id`` to
+        ``queue_id + num_queues - 1`` so independent transfers can run side
+        by side; inflight counts stay per queue.
 
     Returns
     -------
@@ -119,19 +130,32 @@ def copy_to_dma(
         R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", (x, a, 0, 1), ty_args=(R.Tuple,))
         R.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", (0, 0, 1, x, a), ty_args=(R.Tuple,))
     """
-    rewriter = _dma_rewriter(itertools.repeat(queue_id), bypass_cache, legacy_wait)
+    if num_queues < 1:
+        raise ValueError(f"num_queues must be at least 1, got {num_queues}")
+    queues = itertools.cycle(range(queue_id, queue_id + num_queues))
+    rewriter = _dma_rewriter(queues, bypass_cache, legacy_wait)
     # The output holds no copy_tensor, so one pass (and the confirming scan) suffices.
-    return rewrite_call(copy_tensor_pattern(), rewriter, target, max_iterations=1)
+    result = rewrite_call(copy_tensor_pattern(), rewriter, target, max_iterations=1)
+    if overlap:
+        from .overlap import sink_dma_waits
+
+        result = sink_dma_waits(result)
+    return result
 
 
 def CopyToDMA(  # noqa: N802 - TVM names passes in CamelCase
-    *, queue_id: int = 0, bypass_cache: bool = True, legacy_wait: bool = False
+    *,
+    queue_id: int = 0,
+    bypass_cache: bool = True,
+    legacy_wait: bool = False,
+    overlap: bool = False,
+    num_queues: int = 1,
 ) -> tvm.ir.transform.Pass:
     """The module pass form of :func:`copy_to_dma`, for ``tvm.transform.Sequential``.
 
     Parameters
     ----------
-    queue_id, bypass_cache, legacy_wait
+    queue_id, bypass_cache, legacy_wait, overlap, num_queues
         As for :func:`copy_to_dma`.
 
     Returns
@@ -141,6 +165,13 @@ def CopyToDMA(  # noqa: N802 - TVM names passes in CamelCase
     """
 
     def transform(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        return copy_to_dma(mod, queue_id=queue_id, bypass_cache=bypass_cache, legacy_wait=legacy_wait)
+        return copy_to_dma(
+            mod,
+            queue_id=queue_id,
+            bypass_cache=bypass_cache,
+            legacy_wait=legacy_wait,
+            overlap=overlap,
+            num_queues=num_queues,
+        )
 
     return tvm.ir.transform.module_pass(transform, opt_level=0, name="CopyToDMA")
