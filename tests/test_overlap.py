@@ -1,0 +1,1272 @@
+"""sink_dma_waits: exact IR for every rule, the report, and runs under cpu_dma().
+
+The IR cases write the DMA builtins through the small helpers ``dma_copy`` /
+``dma_wait`` / ``legacy_wait`` below, which TVMScript calls like any other
+function returning a Relax call: ``dma_copy(x, a)`` is
+``R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", [x, a, 0, True], ty_args=[R.Tuple()])``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tvm import relax
+from tvm.script import ir as I
+from tvm.script import relax as R
+from tvm.script import tirx as T
+
+import rewrite_ext  # noqa: F401 - registers R.vm.copy_tensor
+from rewrite_ext import _ir
+from rewrite_ext.hexagon import DMA_COPY, DMA_WAIT, copy_to_dma, cpu_dma
+from rewrite_ext.hexagon.overlap import (
+    ANYTHING,
+    EXTERNAL,
+    AliasFact,
+    Region,
+    Root,
+    TransferOverlap,
+    alias_facts,
+    format_overlap_report,
+    overlap_report,
+    sink_dma_waits,
+)
+from rewrite_ext.testing.strategies import lowered_copy_functions
+
+# ---------------------------------------------------------------------------------------------
+# Writing DMA builtins in TVMScript
+# ---------------------------------------------------------------------------------------------
+
+_VOID = [relax.TupleType([])]
+
+
+def _imm(value: int) -> tvm.ir.PrimExpr:
+    return tvm.tirx.IntImm("int64", value)
+
+
+def dma_copy(src: relax.Expr, dst: relax.Expr, queue: int = 0) -> relax.Call:
+    return relax.op.call_builtin_with_ctx(DMA_COPY, [src, dst, _imm(queue), _imm(1)], ty_args=_VOID)
+
+
+def dma_wait(src: relax.Expr, dst: relax.Expr, queue: int = 0, inflight: int = 0) -> relax.Call:
+    return relax.op.call_builtin_with_ctx(DMA_WAIT, [_imm(queue), _imm(inflight), _imm(1), src, dst], ty_args=_VOID)
+
+
+def legacy_wait(queue: int = 0) -> relax.Call:
+    return relax.op.call_builtin_with_ctx(DMA_WAIT, [_imm(queue), _imm(0)], ty_args=_VOID)
+
+
+def _alloc(storage: relax.Expr, offset: int | tvm.ir.PrimExpr, n: int = 16) -> relax.Call:
+    """``R.vm.alloc_tensor(storage, offset, R.shape([n]), "float32")``: ``4 * n`` bytes."""
+    return relax.op.vm.alloc_tensor(storage, offset, relax.ShapeExpr([n]), "float32")
+
+
+def _storage(nbytes: int = 1024) -> relax.Call:
+    return relax.op.vm.alloc_storage(relax.ShapeExpr([nbytes]), 0, "uint8", "global")
+
+
+def _snapshot(obj) -> tuple[int, str]:
+    return tvm_ffi.structural_hash(obj), obj.script(show_meta=False)
+
+
+def assert_sinks_to(before: relax.Function, expected: relax.Function) -> relax.Function:
+    """sink_dma_waits(before) is exactly ``expected``, well formed, idempotent; input untouched."""
+    snapshot = _snapshot(before)
+    got = sink_dma_waits(before)
+    relax.analysis.well_formed(got)
+    # The expected function is parsed under another name; compare everything else.
+    tvm.ir.assert_structural_equal(got, expected.with_attr("global_symbol", before.attrs["global_symbol"]))
+    assert _snapshot(before) == snapshot, "the input changed"
+    assert sink_dma_waits(got).same_as(got), "a second application changed the IR"
+    return got
+
+
+def assert_unchanged(before: relax.Function) -> None:
+    assert sink_dma_waits(before).same_as(before)
+
+
+def waits(func: relax.Function) -> list[relax.VarBinding]:
+    return [b for blk in func.body.blocks for b in blk.bindings if _builtin(b) == DMA_WAIT]
+
+
+def _builtin(binding: relax.Binding) -> str | None:
+    value = binding.value
+    if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
+        if value.op.name == "relax.call_builtin_with_ctx":
+            return str(value.args[0].global_symbol)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Inflight arithmetic and order
+# ---------------------------------------------------------------------------------------------
+
+
+@R.function(pure=False)
+def two_copies(x: R.Tensor((16,), "float32"), y: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
+    storage = _storage()
+    a = _alloc(storage, 0)
+    dma_copy(x, a)
+    dma_wait(x, a)
+    b = _alloc(storage, 64)
+    dma_copy(y, b)
+    dma_wait(y, b)
+    c = R.add(x, y)
+    d = R.add(a, c)
+    e = R.add(b, d)
+    return e
+
+
+@R.function(pure=False)
+def two_copies_sunk(x: R.Tensor((16,), "float32"), y: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
+    storage = _storage()
+    a = _alloc(storage, 0)
+    dma_copy(x, a)
+    b = _alloc(storage, 64)
+    dma_copy(y, b)
+    c = R.add(x, y)
+    dma_wait(x, a, inflight=1)  # b's transfer, issued later, may stay in flight
+    d = R.add(a, c)
+    dma_wait(y, b)
+    e = R.add(b, d)
+    return e
+
+
+def test_copy_a_copy_b_use_of_a_waits_for_a_with_one_in_flight():
+    got = assert_sinks_to(two_copies, two_copies_sunk)
+    # The wait bindings keep their vars (unused R.Tuple() vars).
+    kept = [new.var.same_as(old.var) for new, old in zip(waits(got), waits(two_copies), strict=True)]
+    assert kept == [True, True]
+
+
+@R.function(pure=False)
+def three_unused(x: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
+    storage = _storage()
+    a = _alloc(storage, 0)
+    b = _alloc(storage, 64)
+    e = _alloc(storage, 128)
+    dma_copy(x, a)
+    dma_wait(x, a)
+    dma_copy(x, b)
+    dma_wait(x, b)
+    dma_copy(x, e)
+    dma_wait(x, e)
+    c = R.add(x, x)
+    return c
+
+
+@R.function(pure=False)
+def three_unused_sunk(x: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
+    storage = _storage()
+    a = _alloc(storage, 0)
+    b = _alloc(storage, 64)
+    e = _alloc(storage, 128)
+    dma_copy(x, a)
+    dma_copy(x, b)  # reading x, the first transfer's src, is no conflict
+    dma_copy(x, e)
+    c = R.add(x, x)
+    dma_wait(x, a, inflight=2)  # all land at the block's end, in issue order
+    dma_wait(x, b, inflight=1)
+    dma_wait(x, e, inflight=0)
+    return c
+
+
+def test_waits_landing_together_come_in_issue_order_with_decreasing_inflight():
+    assert_sinks_to(three_unused, three_unused_sunk)
+
+
+@R.function(pure=False)
+def two_used_at_one_point(x: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
+    storage = _storage()
+    a = _alloc(storage, 0)
+    b = _alloc(storage, 64)
+    e = _alloc(storage, 128)
+    dma_copy(x, a)
+    dma_wait(x, a)
+    dma_copy(x, b)
+    dma_wait(x, b)
+    dma_copy(x, e)
+    dma_wait(x, e)
+    c = R.add(a, b)
+    d = R.add(c, e)
+    return d
+
+
+@R.function(pure=False)
+def two_used_at_one_point_sunk(x: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
+    storage = _storage()
+    a = _alloc(storage, 0)
+    b = _alloc(storage, 64)
+    e = _alloc(storage, 128)
+    dma_copy(x, a)
+    dma_copy(x, b)
+    dma_copy(x, e)
+    dma_wait(x, a, inflight=2)
+    dma_wait(x, b, inflight=1)  # e's transfer overlaps the first add
+    c = R.add(a, b)
+    dma_wait(x, e)
+    d = R.add(c, e)
+    return d
+
+
+def test_several_waits_at_one_point_count_only_later_transfers_still_in_flight():
+    assert_sinks_to(two_used_at_one_point, two_used_at_one_point_sunk)
+
+
+@R.function(pure=False)
+def later_used_first(x: R.Tensor((16,), "float32"), y: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
+    storage = _storage()
+    a = _alloc(storage, 0)
+    b = _alloc(storage, 64)
+    dma_copy(x, a)
+    dma_wait(x, a)
+    dma_copy(y, b)
+    dma_wait(y, b)
+    c = R.add(b, b)
+    d = R.add(a, c)
+    return d
+
+
+@R.function(pure=False)
+def later_used_first_sunk(x: R.Tensor((16,), "float32"), y: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
+    storage = _storage()
+    a = _alloc(storage, 0)
+    b = _alloc(storage, 64)
+    dma_copy(x, a)
+    dma_copy(y, b)
+    # b's wait must come before c and completes a's transfer too (FIFO): a's wait does not
+    # move below it, and comes first, so each wait completes exactly its own transfer.
+    dma_wait(x, a, inflight=1)
+    dma_wait(y, b)
+    c = R.add(b, b)
+    d = R.add(a, c)
+    return d
+
+
+def test_a_wait_never_moves_below_a_later_wait_of_its_queue():
+    assert_sinks_to(later_used_first, later_used_first_sunk)
+
+
+@R.function(pure=False)
+def later_used_first_two_queues(
+    x: R.Tensor((16,), "float32"), y: R.Tensor((16,), "float32")
+) -> R.Tensor((16,), "float32"):
+    storage = _storage()
+    a = _alloc(storage, 0)
+    b = _alloc(storage, 64)
+    dma_copy(x, a, queue=0)
+    dma_wait(x, a, queue=0)
+    dma_copy(y, b, queue=1)
+    dma_wait(y, b, queue=1)
+    c = R.add(b, b)
+    d = R.add(a, c)
+    return d
+
+
+@R.function(pure=False)
+def later_used_first_two_queues_sunk(
+    x: R.Tensor((16,), "float32"), y: R.Tensor((16,), "float32")
+) -> R.Tensor((16,), "float32"):
+    storage = _storage()
+    a = _alloc(storage, 0)
+    b = _alloc(storage, 64)
+    dma_copy(x, a, queue=0)
+    dma_copy(y, b, queue=1)
+    dma_wait(y, b, queue=1)  # another queue: a's transfer keeps running
+    c = R.add(b, b)
+    dma_wait(x, a, queue=0)
+    d = R.add(a, c)
+    return d
+
+
+def test_waits_of_different_queues_move_independently():
+    assert_sinks_to(later_used_first_two_queues, later_used_first_two_queues_sunk)
+
+
+@R.function(pure=False)
+def round_robin(x: R.Tensor((16,), "float32"), y: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
+    storage = _storage()
+    a = _alloc(storage, 0)
+    b = _alloc(storage, 64)
+    e = _alloc(storage, 128)
+    f = _alloc(storage, 192)
+    dma_copy(x, a, queue=0)
+    dma_wait(x, a, queue=0)
+    dma_copy(y, b, queue=1)
+    dma_wait(y, b, queue=1)
+    dma_copy(x, e, queue=0)
+    dma_wait(x, e, queue=0)
+    dma_copy(y, f, queue=1)
+    dma_wait(y, f, queue=1)
+    g = R.add(a, b)
+    h = R.add(e, f)
+    k = R.add(g, h)
+    return k
+
+
+@R.function(pure=False)
+def round_robin_sunk(x: R.Tensor((16,), "float32"), y: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
+    storage = _storage()
+    a = _alloc(storage, 0)
+    b = _alloc(storage, 64)
+    e = _alloc(storage, 128)
+    f = _alloc(storage, 192)
+    dma_copy(x, a, queue=0)
+    dma_copy(y, b, queue=1)
+    dma_copy(x, e, queue=0)
+    dma_copy(y, f, queue=1)
+    dma_wait(x, a, queue=0, inflight=1)  # e is in flight behind a on queue 0
+    dma_wait(y, b, queue=1, inflight=1)  # f is in flight behind b on queue 1
+    g = R.add(a, b)
+    dma_wait(x, e, queue=0)
+    dma_wait(y, f, queue=1)
+    h = R.add(e, f)
+    k = R.add(g, h)
+    return k
+
+
+def test_two_queues_count_inflight_per_queue():
+    assert_sinks_to(round_robin, round_robin_sunk)
+
+
+# ---------------------------------------------------------------------------------------------
+# Aliasing through storages and views
+# ---------------------------------------------------------------------------------------------
+
+
+def _reader_at(offset: int | str):
+    """A function copying x into a = storage[0:64) and reading h = storage[offset:offset+64)."""
+    if offset == "symbolic":
+
+        @R.function(pure=False)
+        def func(x: R.Tensor((16,), "float32"), s: R.Shape(["n"])) -> R.Tensor((16,), "float32"):
+            n = T.int64()
+            storage = _storage()
+            a = _alloc(storage, 0)
+            h = _alloc(storage, n)
+            dma_copy(x, a)
+            dma_wait(x, a)
+            c = R.add(x, x)
+            d = R.add(h, c)
+            return d
+
+        return func
+
+    @R.function(pure=False)
+    def func(x: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
+        storage = _storage()
+        a = _alloc(storage, 0)
+        h = _alloc(storage, offset)
+        dma_copy(x, a)
+        dma_wait(x, a)
+        c = R.add(x, x)
+        d = R.add(h, c)
+        return d
+
+    return func
+
+
+def _bindings_in_order(func: relax.Function) -> list[str]:
+    """Names of the block's bindings; DMA builtins as ``copy(src->dst)`` / ``wait(src->dst, n)``."""
+    names = []
+    for binding in func.body.blocks[0].bindings:
+        builtin = _builtin(binding)
+        if builtin is None:
+            names.append(binding.var.name)
+            continue
+        fields = list(binding.value.args[1].fields)
+        if builtin == DMA_COPY:
+            names.append(f"copy({fields[0].name}->{fields[1].name})")
+        else:
+            names.append(f"wait({fields[3].name}->{fields[4].name}, {int(fields[1])})")
+    return names
+
+
+@pytest.mark.parametrize(
+    "offset, order",
+    [
+        (32, ["copy(x->a)", "c", "wait(x->a, 0)", "d"]),  # [32, 96) overlaps a = [0, 64)
+        (0, ["copy(x->a)", "c", "wait(x->a, 0)", "d"]),  # the same bytes
+        ("symbolic", ["copy(x->a)", "c", "wait(x->a, 0)", "d"]),  # not provably disjoint
+        (64, ["copy(x->a)", "c", "d", "wait(x->a, 0)"]),  # [64, 128): disjoint, no conflict
+    ],
+    ids=["overlapping", "same-range", "symbolic-offset", "disjoint"],
+)
+def test_tensors_of_the_same_storage_conflict_unless_provably_disjoint(offset, order):
+    got = sink_dma_waits(_reader_at(offset))
+    relax.analysis.well_formed(got)
+    assert _bindings_in_order(got)[3:] == order  # after storage, a, h
+
+
+def _view_reader(make_view):
+    """Copy x into a, then read ``make_view(a)``, a view made before the copy."""
+
+    @R.function(pure=False)
+    def before(x: R.Tensor((16,), "float32")):
+        storage = _storage()
+        a = _alloc(storage, 0)
+        v = make_view(a)
+        dma_copy(x, a)
+        dma_wait(x, a)
+        c = R.add(x, x)
+        d = R.add(v, v)
+        return d
+
+    @R.function(pure=False)
+    def expected(x: R.Tensor((16,), "float32")):
+        storage = _storage()
+        a = _alloc(storage, 0)
+        v = make_view(a)
+        dma_copy(x, a)
+        c = R.add(x, x)
+        dma_wait(x, a)
+        d = R.add(v, v)
+        return d
+
+    return before, expected
+
+
+VIEWS = {
+    "reshape": lambda a: relax.op.reshape(a, (4, 4)),
+    "memory.view": lambda a: relax.op.memory.view(a, relax.ShapeExpr([4, 4])),
+    "ensure_zero_offset": lambda a: relax.op.memory.ensure_zero_offset(a),
+    "view-of-a-view": lambda a: relax.op.reshape(relax.op.memory.ensure_zero_offset(a), (4, 4)),
+}
+
+
+@pytest.mark.parametrize("make_view", VIEWS.values(), ids=VIEWS.keys())
+def test_reading_a_view_of_dst_is_a_conflict(make_view):
+    before, expected = _view_reader(make_view)
+    assert_sinks_to(before, expected)
+
+
+@R.function(pure=False)
+def view_made_during_transfer(x: R.Tensor((16,), "float32")) -> R.Tensor((4, 4), "float32"):
+    storage = _storage()
+    a = _alloc(storage, 0)
+    dma_copy(x, a)
+    dma_wait(x, a)
+    c = R.add(x, x)
+    v = R.reshape(a, R.shape([4, 4]))
+    return v
+
+
+@R.function(pure=False)
+def view_made_during_transfer_sunk(x: R.Tensor((16,), "float32")) -> R.Tensor((4, 4), "float32"):
+    storage = _storage()
+    a = _alloc(storage, 0)
+    dma_copy(x, a)
+    c = R.add(x, x)
+    # A pure call reads its arguments: a reshape outside dataflow blocks is legalized to a
+    # call_tir that copies, so making the view already reads dst.
+    dma_wait(x, a)
+    v = R.reshape(a, R.shape([4, 4]))
+    return v
+
+
+def test_making_a_view_of_dst_is_a_read():
+    assert_sinks_to(view_made_during_transfer, view_made_during_transfer_sunk)
+
+
+@R.function(pure=False)
+def view_outside_dst(x: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
+    storage = _storage()
+    big = _alloc(storage, 0, n=64)  # bytes [0, 256)
+    a = _alloc(storage, 256)  # bytes [256, 320)
+    inside = R.memory.view(big, R.shape([16]), R.dtype("float32"), R.prim_value(192))  # [192, 256)
+    dma_copy(x, a)
+    dma_wait(x, a)
+    d = R.add(inside, inside)
+    return d
+
+
+@R.function(pure=False)
+def view_outside_dst_sunk(x: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
+    storage = _storage()
+    big = _alloc(storage, 0, n=64)
+    a = _alloc(storage, 256)
+    inside = R.memory.view(big, R.shape([16]), R.dtype("float32"), R.prim_value(192))
+    dma_copy(x, a)
+    d = R.add(inside, inside)
+    dma_wait(x, a)
+    return d
+
+
+def test_a_memory_view_covers_only_its_own_bytes():
+    assert_sinks_to(view_outside_dst, view_outside_dst_sunk)
+
+
+@R.function(pure=False)
+def outside_storage(x: R.Tensor((16,), "float32"), storage: R.Object) -> R.Tensor((16,), "float32"):
+    t = _alloc(storage, 0)
+    u = R.call_packed("make", x, ty_args=R.Tensor((16,), "float32"))
+    n = R.call_packed("count", t, ty_args=R.Prim("int64"))
+
+    @R.function
+    def local(p: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
+        q = R.add(p, p)
+        return q
+
+    return t
+
+
+def test_alias_facts_of_outside_memory_packed_results_and_local_parameters():
+    facts = {var.name: fact for var, fact in alias_facts(outside_storage).items()}
+    external = AliasFact(frozenset({Region(EXTERNAL)}))
+    assert facts["storage"] == facts["x"] == external
+    assert facts["t"] == external  # placed in a storage it did not allocate: may be x
+    assert facts["u"] == external  # x, or anything not allocated in the function
+    assert facts["n"] == AliasFact()  # an int holds no memory
+    assert facts["p"] == AliasFact(frozenset({Region(ANYTHING)}))  # may be given any tensor
+    assert facts["q"].may_alias(facts["q"]) and not facts["q"].may_alias(external)
+
+
+def test_alias_facts_of_storage_tensors_views_and_parameters():
+    facts = {var.name: fact for var, fact in alias_facts(view_outside_dst).items()}
+    (storage_region,) = facts["storage"].regions
+    root = storage_region.root
+    assert root.kind == "storage" and storage_region.start is None
+    assert facts["big"] == AliasFact(frozenset({Region(root, 0, 256)}))
+    assert facts["a"] == AliasFact(frozenset({Region(root, 256, 320)}))
+    assert facts["inside"] == AliasFact(frozenset({Region(root, 192, 256)}))
+    assert facts["x"] == AliasFact(frozenset({Region(EXTERNAL)}))
+    assert not facts["inside"].may_alias(facts["a"]) and facts["inside"].may_alias(facts["big"])
+    assert facts["storage"].may_alias(facts["a"])  # freeing the storage frees a
+    assert not facts["x"].may_alias(facts["a"])  # a parameter never lives in our storage
+    assert Region(ANYTHING).may_overlap(Region(Root("fresh", 7)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Frees, Ifs, returns
+# ---------------------------------------------------------------------------------------------
+
+
+@R.function(pure=False)
+def frees(x: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
+    storage = _storage()
+    a = _alloc(storage, 0)
+    h = _alloc(storage, 64)
+    dma_copy(x, a)
+    dma_wait(x, a)
+    c = R.add(x, x)
+    R.memory.kill_tensor(h)  # frees other bytes: no conflict
+    R.vm.kill_object(storage)  # frees a's storage
+    return c
+
+
+@R.function(pure=False)
+def frees_sunk(x: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
+    storage = _storage()
+    a = _alloc(storage, 0)
+    h = _alloc(storage, 64)
+    dma_copy(x, a)
+    c = R.add(x, x)
+    R.memory.kill_tensor(h)
+    dma_wait(x, a)
+    R.vm.kill_object(storage)
+    return c
+
+
+def test_killing_the_storage_is_a_conflict_killing_other_bytes_is_not():
+    assert_sinks_to(frees, frees_sunk)
+
+
+@R.function(pure=False)
+def kill_dst(x: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
+    storage = _storage()
+    a = _alloc(storage, 0)
+    dma_copy(x, a)
+    dma_wait(x, a)
+    c = R.add(x, x)
+    R.memory.kill_tensor(a)
+    return c
+
+
+@R.function(pure=False)
+def kill_dst_sunk(x: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
+    storage = _storage()
+    a = _alloc(storage, 0)
+    dma_copy(x, a)
+    c = R.add(x, x)
+    dma_wait(x, a)
+    R.memory.kill_tensor(a)
+    return c
+
+
+def test_killing_dst_is_a_conflict():
+    assert_sinks_to(kill_dst, kill_dst_sunk)
+
+
+@R.function(pure=False)
+def ifs(x: R.Tensor((16,), "float32"), cond: R.Prim("bool")) -> R.Tensor((16,), "float32"):
+    storage = _storage()
+    a = _alloc(storage, 0)
+    dma_copy(x, a)
+    dma_wait(x, a)
+    c = R.add(x, x)
+    if cond:  # touches only c: the wait moves past it
+        p = R.multiply(c, c)
+    else:
+        p = R.negative(c)
+    if cond:  # uses dst
+        q = R.add(a, p)
+    else:
+        q = p
+    return q
+
+
+@R.function(pure=False)
+def ifs_sunk(x: R.Tensor((16,), "float32"), cond: R.Prim("bool")) -> R.Tensor((16,), "float32"):
+    storage = _storage()
+    a = _alloc(storage, 0)
+    dma_copy(x, a)
+    c = R.add(x, x)
+    if cond:
+        p = R.multiply(c, c)
+    else:
+        p = R.negative(c)
+    dma_wait(x, a)
+    if cond:
+        q = R.add(a, p)
+    else:
+        q = p
+    return q
+
+
+def test_an_if_using_dst_is_a_conflict_an_if_touching_none_is_not():
+    assert_sinks_to(ifs, ifs_sunk)
+
+
+@R.function(pure=False)
+def copy_in_branch(x: R.Tensor((16,), "float32"), cond: R.Prim("bool")) -> R.Tensor((16,), "float32"):
+    storage = _storage()
+    a = _alloc(storage, 0)
+    if cond:
+        dma_copy(x, a)
+        dma_wait(x, a)
+        c = R.add(x, x)
+        r = R.multiply(c, c)
+    else:
+        r = R.negative(x)
+    d = R.add(a, r)
+    return d
+
+
+@R.function(pure=False)
+def copy_in_branch_sunk(x: R.Tensor((16,), "float32"), cond: R.Prim("bool")) -> R.Tensor((16,), "float32"):
+    storage = _storage()
+    a = _alloc(storage, 0)
+    if cond:
+        dma_copy(x, a)
+        c = R.add(x, x)
+        r_then = R.multiply(c, c)
+        dma_wait(x, a)  # the end of its own block (before the If's result): never out of it
+        r = r_then
+    else:
+        r = R.negative(x)
+    d = R.add(a, r)
+    return d
+
+
+def test_a_wait_in_a_branch_stays_in_its_branch():
+    assert_sinks_to(copy_in_branch, copy_in_branch_sunk)
+
+
+@R.function(pure=False)
+def returns_dst(x: R.Tensor((16,), "float32")) -> R.Tuple(R.Tensor((16,), "float32"), R.Tensor((16,), "float32")):
+    storage = _storage()
+    a = _alloc(storage, 0)
+    dma_copy(x, a)
+    dma_wait(x, a)
+    c = R.add(x, x)
+    d = R.multiply(c, c)
+    return (a, d)
+
+
+@R.function(pure=False)
+def returns_dst_sunk(
+    x: R.Tensor((16,), "float32"),
+) -> R.Tuple(R.Tensor((16,), "float32"), R.Tensor((16,), "float32")):
+    storage = _storage()
+    a = _alloc(storage, 0)
+    dma_copy(x, a)
+    c = R.add(x, x)
+    d = R.multiply(c, c)
+    dma_wait(x, a)  # the return reads a: the wait ends the last block
+    return (a, d)
+
+
+def test_returning_dst_waits_at_the_end_of_the_last_block():
+    assert_sinks_to(returns_dst, returns_dst_sunk)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reads and writes of calls
+# ---------------------------------------------------------------------------------------------
+
+
+@R.function(pure=False)
+def src_read_then_written(x: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
+    storage = _storage()
+    a = _alloc(storage, 0)
+    b = _alloc(storage, 64)
+    dma_copy(x, a)
+    dma_wait(x, a)
+    c = R.add(x, x)  # reads src
+    dma_copy(x, b)  # reads src
+    dma_wait(x, b)
+    R.call_packed("fill_zero", x, ty_args=R.Tuple())  # may write src
+    return c
+
+
+@R.function(pure=False)
+def src_read_then_written_sunk(x: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
+    storage = _storage()
+    a = _alloc(storage, 0)
+    b = _alloc(storage, 64)
+    dma_copy(x, a)
+    c = R.add(x, x)
+    dma_copy(x, b)
+    dma_wait(x, a, inflight=1)
+    dma_wait(x, b)
+    R.call_packed("fill_zero", x, ty_args=R.Tuple())
+    return c
+
+
+def test_reading_src_is_no_conflict_writing_it_is():
+    assert_sinks_to(src_read_then_written, src_read_then_written_sunk)
+
+
+@R.function(pure=False)
+def chained(x: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
+    storage = _storage()
+    a = _alloc(storage, 0)
+    dma_copy(x, a)
+    dma_wait(x, a)
+    b = _alloc(storage, 64)
+    dma_copy(a, b)  # reads the first transfer's dst
+    dma_wait(a, b)
+    e = _alloc(storage, 128)
+    dma_copy(x, e)
+    dma_wait(x, e)
+    dma_copy(x, e)  # writes the third transfer's dst again
+    dma_wait(x, e)
+    return b
+
+
+@R.function(pure=False)
+def chained_sunk(x: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
+    storage = _storage()
+    a = _alloc(storage, 0)
+    dma_copy(x, a)
+    b = _alloc(storage, 64)
+    dma_wait(x, a)
+    dma_copy(a, b)
+    e = _alloc(storage, 128)
+    dma_copy(x, e)
+    # The rewrite of e needs the third transfer done; the second one's wait could go to the
+    # end but does not move below the third one's, which would complete it anyway (FIFO).
+    dma_wait(a, b, inflight=1)
+    dma_wait(x, e)
+    dma_copy(x, e)
+    dma_wait(x, e)
+    return b
+
+
+def test_another_copy_reading_or_rewriting_dst_is_a_conflict():
+    assert_sinks_to(chained, chained_sunk)
+
+
+@R.function(pure=False)
+def parameters(x: R.Tensor((16,), "float32"), y: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
+    storage = _storage()
+    a = _alloc(storage, 0)
+    scratch = R.builtin.alloc_tensor(R.shape([16]), R.dtype("float32"), R.prim_value(0))
+    dma_copy(x, a)
+    dma_wait(x, a)
+    R.call_packed("tick", ty_args=R.Tuple())  # no tensor arguments: touches none
+    R.call_packed("scribble", scratch, ty_args=R.Tuple())  # allocated here: not x, not a
+    R.call_packed("scribble", y, ty_args=R.Tuple())  # y may alias x, the src
+    return a
+
+
+@R.function(pure=False)
+def parameters_sunk(x: R.Tensor((16,), "float32"), y: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
+    storage = _storage()
+    a = _alloc(storage, 0)
+    scratch = R.builtin.alloc_tensor(R.shape([16]), R.dtype("float32"), R.prim_value(0))
+    dma_copy(x, a)
+    R.call_packed("tick", ty_args=R.Tuple())
+    R.call_packed("scribble", scratch, ty_args=R.Tuple())
+    dma_wait(x, a)
+    R.call_packed("scribble", y, ty_args=R.Tuple())
+    return a
+
+
+def test_a_parameter_may_alias_another_parameter_but_not_local_memory():
+    assert_sinks_to(parameters, parameters_sunk)
+
+
+@R.function(pure=False)
+def packed_results(x: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
+    storage = _storage()
+    a = _alloc(storage, 0)
+    u = R.call_pure_packed("identity", a, ty_args=R.Tensor((16,), "float32"))  # may be a
+    dma_copy(x, a)
+    dma_wait(x, a)
+    t = R.call_packed("get_buffer", ty_args=R.Tensor((16,), "float32"))  # may be x, never a
+    c = R.add(t, t)
+    d = R.add(u, c)
+    R.call_packed("scribble", t, ty_args=R.Tuple())
+    return d
+
+
+@R.function(pure=False)
+def packed_results_sunk(x: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
+    storage = _storage()
+    a = _alloc(storage, 0)
+    u = R.call_pure_packed("identity", a, ty_args=R.Tensor((16,), "float32"))
+    dma_copy(x, a)
+    t = R.call_packed("get_buffer", ty_args=R.Tensor((16,), "float32"))
+    c = R.add(t, t)
+    dma_wait(x, a)
+    d = R.add(u, c)
+    R.call_packed("scribble", t, ty_args=R.Tuple())
+    return d
+
+
+def test_packed_results_may_be_their_arguments_or_outside_memory():
+    assert_sinks_to(packed_results, packed_results_sunk)
+
+
+@R.function(pure=False)
+def packed_result_written(x: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
+    storage = _storage()
+    a = _alloc(storage, 0)
+    dma_copy(x, a)
+    dma_wait(x, a)
+    t = R.call_packed("get_buffer", ty_args=R.Tensor((16,), "float32"))
+    R.call_packed("scribble", t, ty_args=R.Tuple())  # t may be x: writes the src
+    return a
+
+
+@R.function(pure=False)
+def packed_result_written_sunk(x: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
+    storage = _storage()
+    a = _alloc(storage, 0)
+    dma_copy(x, a)
+    t = R.call_packed("get_buffer", ty_args=R.Tensor((16,), "float32"))
+    dma_wait(x, a)
+    R.call_packed("scribble", t, ty_args=R.Tuple())
+    return a
+
+
+def test_writing_outside_memory_may_write_a_parameter_src():
+    assert_sinks_to(packed_result_written, packed_result_written_sunk)
+
+
+@R.function(pure=False)
+def closure(x: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
+    storage = _storage()
+    a = _alloc(storage, 0)
+
+    @R.function
+    def read_a() -> R.Tensor((16,), "float32"):
+        r = R.add(a, a)
+        return r
+
+    dma_copy(x, a)
+    dma_wait(x, a)
+    c = R.add(x, x)
+    d = read_a()  # no arguments, but the closure captured a
+    return d
+
+
+@R.function(pure=False)
+def closure_sunk(x: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
+    storage = _storage()
+    a = _alloc(storage, 0)
+
+    @R.function
+    def read_a() -> R.Tensor((16,), "float32"):
+        r = R.add(a, a)
+        return r
+
+    dma_copy(x, a)
+    c = R.add(x, x)
+    dma_wait(x, a)
+    d = read_a()
+    return d
+
+
+def test_calling_a_closure_touches_what_it_captured():
+    assert_sinks_to(closure, closure_sunk)
+
+
+@I.ir_module
+class DestinationPassing:
+    @T.prim_func
+    def add_one(A: T.Buffer((16,), "float32"), B: T.Buffer((16,), "float32")):
+        for i in range(16):
+            B[i] = A[i] + T.float32(1)
+
+    @R.function(pure=False)
+    def main(x: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
+        cls = DestinationPassing
+        storage = _storage()
+        a = _alloc(storage, 0)
+        s = R.builtin.alloc_tensor(R.shape([16]), R.dtype("float32"), R.prim_value(0))
+        t = R.builtin.alloc_tensor(R.shape([16]), R.dtype("float32"), R.prim_value(0))
+        R.vm.copy_tensor(x, s)
+        R.vm.copy_tensor(s, a)
+        cls.add_one(x, t)  # writes neither s nor a
+        cls.add_one(x, s)  # overwrites s, the src of the copy into a
+        d = R.add(a, s)
+        return d
+
+
+@I.ir_module
+class DestinationPassingSunk:
+    @T.prim_func
+    def add_one(A: T.Buffer((16,), "float32"), B: T.Buffer((16,), "float32")):
+        for i in range(16):
+            B[i] = A[i] + T.float32(1)
+
+    @R.function(pure=False)
+    def main(x: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
+        cls = DestinationPassingSunk
+        storage = _storage()
+        a = _alloc(storage, 0)
+        s = R.builtin.alloc_tensor(R.shape([16]), R.dtype("float32"), R.prim_value(0))
+        t = R.builtin.alloc_tensor(R.shape([16]), R.dtype("float32"), R.prim_value(0))
+        dma_copy(x, s)
+        dma_wait(x, s)
+        dma_copy(s, a)
+        cls.add_one(x, t)
+        dma_wait(s, a)
+        cls.add_one(x, s)
+        d = R.add(a, s)
+        return d
+
+
+def test_a_lowered_call_tir_may_write_every_argument():
+    got = sink_dma_waits(copy_to_dma(DestinationPassing))
+    relax.analysis.well_formed(got)
+    tvm.ir.assert_structural_equal(got, DestinationPassingSunk)
+
+
+# ---------------------------------------------------------------------------------------------
+# What is left alone
+# ---------------------------------------------------------------------------------------------
+
+
+@R.function(pure=False)
+def with_legacy(x: R.Tensor((16,), "float32"), y: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
+    storage = _storage()
+    a = _alloc(storage, 0)
+    b = _alloc(storage, 64)
+    dma_copy(x, a)
+    dma_wait(x, a)
+    dma_copy(y, b)
+    legacy_wait()
+    c = R.add(x, y)
+    return c
+
+
+@R.function(pure=False)
+def with_legacy_sunk(x: R.Tensor((16,), "float32"), y: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
+    storage = _storage()
+    a = _alloc(storage, 0)
+    b = _alloc(storage, 64)
+    dma_copy(x, a)
+    dma_copy(y, b)
+    dma_wait(x, a, inflight=1)  # not below the legacy wait of its queue, which stays put
+    legacy_wait()
+    c = R.add(x, y)
+    return c
+
+
+def test_legacy_waits_stay_next_to_their_copy_and_bound_other_waits():
+    assert_sinks_to(with_legacy, with_legacy_sunk)
+
+
+def test_all_legacy_output_of_copy_to_dma_is_unchanged():
+    legacy = copy_to_dma(two_copies_original(), legacy_wait=True)["main"]
+    assert_unchanged(legacy)
+
+
+@R.function(pure=False)
+def hand_pipelined(x: R.Tensor((16,), "float32"), y: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
+    storage = _storage()
+    a = _alloc(storage, 0)
+    b = _alloc(storage, 64)
+    dma_copy(x, a)
+    dma_copy(y, b)
+    dma_wait(x, a, inflight=1)
+    c = R.add(x, y)
+    dma_wait(y, b)
+    return c
+
+
+def _wait_var_used() -> relax.Function:
+    # A void var's uses are normalized to R.tuple(), so the wait is typed R.Object here to
+    # give it a var that can be used; moving it below that use would be ill-formed.
+    x = relax.Var("x", relax.TensorType([16], "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("wait_var_used", [x], pure=False):
+        storage = bb.emit(_storage())
+        a = bb.emit(_alloc(storage, 0))
+        bb.emit(dma_copy(x, a))
+        wait = dma_wait(x, a)
+        done = bb.emit(relax.Call(wait.op, wait.args, wait.attrs, [relax.ObjectType()]))
+        c = bb.emit(relax.op.add(x, x))
+        bb.emit_func_output(bb.emit(relax.Tuple([done, c])))
+    func = bb.get()["wait_var_used"]
+    assert func.body.blocks[0].bindings[3].var in _ir.used_vars(func)
+    return func
+
+
+wait_var_used = _wait_var_used()
+
+
+@R.function(pure=False)
+def no_dma(x: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
+    c = R.add(x, x)
+    return c
+
+
+@pytest.mark.parametrize(
+    "func",
+    [hand_pipelined, wait_var_used, no_dma, two_copies_sunk],
+    ids=["already-pipelined", "wait-var-used", "no-dma", "already-sunk"],
+)
+def test_blocks_not_in_copy_then_wait_form_are_left_alone(func):
+    assert_unchanged(func)
+
+
+def two_copies_original() -> tvm.IRModule:
+    @I.ir_module
+    class Module:
+        @R.function(pure=False)
+        def main(x: R.Tensor((16,), "float32"), y: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
+            storage = _storage()
+            a = _alloc(storage, 0)
+            R.vm.copy_tensor(x, a)
+            b = _alloc(storage, 64)
+            R.vm.copy_tensor(y, b)
+            c = R.add(x, y)
+            az = R.memory.ensure_zero_offset(a)
+            d = R.add(az, c)
+            bz = R.memory.ensure_zero_offset(b)
+            e = R.multiply(bz, d)
+            return e
+
+    return Module
+
+
+def test_modules_come_back_as_new_modules_with_other_functions_kept():
+    mod = copy_to_dma(DestinationPassing)
+    mod["other"] = two_copies.with_attr("global_symbol", "other")
+    snapshot = _snapshot(mod)
+    got = sink_dma_waits(mod)
+    assert isinstance(got, tvm.IRModule) and got is not mod
+    assert _snapshot(mod) == snapshot
+    assert got["add_one"].same_as(mod["add_one"])
+    tvm.ir.assert_structural_equal(
+        got["other"], two_copies_sunk.with_attr("global_symbol", "other"), map_free_vars=True
+    )
+    tvm.ir.assert_structural_equal(got["main"], DestinationPassingSunk["main"], map_free_vars=True)
+
+
+def test_anything_else_is_a_type_error():
+    with pytest.raises(TypeError, match="relax.Function or an IRModule"):
+        sink_dma_waits(DestinationPassing["add_one"])
+    with pytest.raises(TypeError, match="relax.Function or an IRModule"):
+        overlap_report("main")
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+# ---------------------------------------------------------------------------------------------
+
+
+def test_overlap_report_of_sunk_and_unsunk_ir():
+    mod = tvm.IRModule({"main": round_robin.with_attr("global_symbol", "main")})
+    assert overlap_report(mod) == [
+        TransferOverlap("main", 0, "x", "a", 0, 0),
+        TransferOverlap("main", 1, "y", "b", 0, 0),
+        TransferOverlap("main", 0, "x", "e", 0, 0),
+        TransferOverlap("main", 1, "y", "f", 0, 0),
+    ]
+    assert overlap_report(sink_dma_waits(mod)) == [
+        TransferOverlap("main", 0, "x", "a", 3, 1),
+        TransferOverlap("main", 1, "y", "b", 3, 1),
+        TransferOverlap("main", 0, "x", "e", 4, 0),
+        TransferOverlap("main", 1, "y", "f", 4, 0),
+    ]
+
+
+def test_format_overlap_report():
+    report = overlap_report(sink_dma_waits(two_copies))
+    assert format_overlap_report(report) == "\n".join(
+        [
+            "# DMA overlap: 2 transfers, 2 overlapping, 6 bindings overlapped in total",
+            "#   two_copies: x -> a on queue 0, 3 bindings overlapped (wait inflight 1)",
+            "#   two_copies: y -> b on queue 0, 3 bindings overlapped (wait inflight 0)",
+        ]
+    )
+
+
+@R.function(pure=False)
+def unwaited_and_legacy(x: R.Tensor((16,), "float32"), y: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
+    storage = _storage()
+    a = _alloc(storage, 0)
+    b = _alloc(storage, 64)
+    dma_copy(x, a, queue=2)
+    c = R.add(x, y)
+    legacy_wait(queue=2)
+    dma_copy(y, b)
+    return c
+
+
+def test_report_pairs_legacy_waits_by_order_and_shows_copies_without_a_wait():
+    report = overlap_report(unwaited_and_legacy)
+    assert report == [
+        TransferOverlap("unwaited_and_legacy", 2, "x", "a", 1, 0, legacy=True),
+        TransferOverlap("unwaited_and_legacy", 0, "y", "b", None, None),
+    ]
+    assert format_overlap_report(report).splitlines() == [
+        "# DMA overlap: 2 transfers, 1 overlapping, 1 binding overlapped in total",
+        "#   unwaited_and_legacy: x -> a on queue 2, 1 binding overlapped (wait inflight 0, legacy wait)",
+        "#   unwaited_and_legacy: y -> b on queue 0, no wait in its block",
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Running under cpu_dma()
+# ---------------------------------------------------------------------------------------------
+
+
+def _inputs(func: relax.Function, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for param in func.params:
+        shape = [int(d) for d in param.ty.shape.values]
+        dtype = str(param.ty.dtype.dtype)
+        data = rng.standard_normal(shape) if dtype.startswith("float") else rng.integers(-99, 99, shape)
+        out.append(data.astype(dtype))
+    return out
+
+
+def _results(value) -> list[np.ndarray]:
+    if isinstance(value, tvm.runtime.Tensor):
+        return [value.numpy()]
+    return [v.numpy() for v in value]
+
+
+def _run(mod: tvm.IRModule, inputs: list[np.ndarray], dma: bool):
+    """Run ``main``; with ``dma`` inside cpu_dma(), returning the engine's counters too."""
+    executable = relax.build(mod, target="llvm")
+    args = [tvm.runtime.tensor(x) for x in inputs]
+    if not dma:
+        return _results(relax.VirtualMachine(executable, tvm.cpu())["main"](*args)), None
+    with cpu_dma() as engine:  # leaving it raises DMAError if a transfer is still in flight
+        vm = relax.VirtualMachine(executable, tvm.cpu())
+        results = _results(vm["main"](*args))
+    assert engine.in_flight == {} and engine.completed == engine.copies
+    return results, engine
+
+
+def test_sunk_output_runs_like_numpy_and_the_unsunk_rewrite_with_two_in_flight():
+    original = two_copies_original()
+    x, y = _inputs(original["main"], seed=1)
+    unsunk, _ = _run(copy_to_dma(original), [x, y], dma=True)
+    sunk, engine = _run(sink_dma_waits(copy_to_dma(original)), [x, y], dma=True)
+    np.testing.assert_allclose(sunk[0], y * (x + x + y), rtol=1e-6)
+    np.testing.assert_array_equal(sunk[0], unsunk[0])
+    assert engine.copies == engine.waits == 2
+    assert engine.peak_in_flight == {0: 2}
+
+
+def test_destination_passing_writes_to_src_wait_first_at_run_time():
+    (x,) = _inputs(DestinationPassing["main"], seed=2)
+    expected, _ = _run(DestinationPassing, [x], dma=False)
+    got, engine = _run(sink_dma_waits(copy_to_dma(DestinationPassing)), [x], dma=True)
+    # cpu_dma reads src when a transfer completes: a wait sunk past add_one(x, s) would give
+    # a = x + 1 here instead of x.
+    np.testing.assert_array_equal(got[0], expected[0])
+    np.testing.assert_allclose(got[0], x + (x + 1), rtol=1e-6)
+    assert engine.peak_in_flight == {0: 1}
+
+
+@R.function(pure=False)
+def runnable_round_robin(
+    x: R.Tensor((16,), "float32"), y: R.Tensor((16,), "float32")
+) -> R.Tensor((16,), "float32"):
+    # Every tensor that compute reads is at offset 0 of its own storage (CPU kernels
+    # reject non-zero byte offsets).
+    s0 = _storage(64)
+    s1 = _storage(64)
+    s2 = _storage(64)
+    s3 = _storage(64)
+    a = _alloc(s0, 0)
+    b = _alloc(s1, 0)
+    e = _alloc(s2, 0)
+    f = _alloc(s3, 0)
+    dma_copy(x, a, queue=0)
+    dma_wait(x, a, queue=0)
+    dma_copy(y, b, queue=1)
+    dma_wait(y, b, queue=1)
+    dma_copy(x, e, queue=0)
+    dma_wait(x, e, queue=0)
+    dma_copy(y, f, queue=1)
+    dma_wait(y, f, queue=1)
+    g = R.add(a, b)
+    h = R.multiply(e, f)
+    k = R.subtract(g, h)
+    return k
+
+
+def test_two_queues_run_with_two_in_flight_on_each():
+    mod = tvm.IRModule({"main": runnable_round_robin.with_attr("global_symbol", "main")})
+    x, y = _inputs(mod["main"], seed=3)
+    got, engine = _run(sink_dma_waits(mod), [x, y], dma=True)
+    np.testing.assert_allclose(got[0], (x + y) - x * y, rtol=1e-6)
+    assert engine.peak_in_flight == {0: 2, 1: 2} and engine.peak_in_flight_total == 4
+    unsunk, engine = _run(mod, [x, y], dma=True)
+    np.testing.assert_array_equal(got[0], unsunk[0])
+    assert engine.peak_in_flight_total == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Property: on generated lowered functions, sinking never changes results
+# ---------------------------------------------------------------------------------------------
+
+
+def test_sinking_generated_lowered_functions_keeps_their_results():
+    peaks: list[int] = []
+    generated = lowered_copy_functions(max_copies=8, max_storages=2, legalize=False) | lowered_copy_functions(
+        max_copies=8, max_storages=2, legalize=True
+    )
+
+    @settings(max_examples=40)
+    @given(generated, st.integers(1, 3))
+    def check(mod: tvm.IRModule, queues: int) -> None:
+        sunk = sink_dma_waits(copy_to_dma(mod, num_queues=queues))
+        relax.analysis.well_formed(sunk)
+        tvm.ir.assert_structural_equal(copy_to_dma(mod, overlap=True, num_queues=queues), sunk)
+        inputs = _inputs(mod["main"], seed=0)
+        expected, _ = _run(mod, inputs, dma=False)
+        got, engine = _run(sunk, inputs, dma=True)  # nothing in flight at exit, else DMAError
+        assert len(got) == len(expected)
+        for g, e in zip(got, expected):
+            np.testing.assert_array_equal(g, e)
+        if engine.peak_in_flight_total > 1:
+            assert any(t.overlapped for t in overlap_report(sunk))
+        peaks.append(engine.peak_in_flight_total)
+
+    check()
+    assert any(peak > 1 for peak in peaks), peaks
