@@ -70,9 +70,12 @@ from .. import _ir
 from .dma import DMA_COPY, DMA_WAIT
 
 __all__ = [
+    "ANYTHING",
+    "EXTERNAL",
     "AliasFact",
     "Region",
     "Root",
+    "alias_facts",
     "TransferOverlap",
     "format_overlap_report",
     "overlap_report",
