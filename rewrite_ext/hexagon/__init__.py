@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .cpu_dma import CPUDMA, DMAError, cpu_dma
 from .dma import DMA_COPY, DMA_WAIT, CopyToDMA, copy_tensor_pattern, copy_to_dma
+from .overlap import TransferOverlap, format_overlap_report, overlap_report, sink_dma_waits
 
 __all__ = [
     "CPUDMA",
@@ -11,7 +12,11 @@ __all__ = [
     "DMA_WAIT",
     "CopyToDMA",
     "DMAError",
+    "TransferOverlap",
     "copy_tensor_pattern",
     "copy_to_dma",
     "cpu_dma",
+    "format_overlap_report",
+    "overlap_report",
+    "sink_dma_waits",
 ]
