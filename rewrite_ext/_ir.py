@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
@@ -17,6 +18,19 @@ def var_name(var: relax.Var) -> str:
     """A var's name: ``Var.name`` in TVM 0.27, ``Var.name_hint`` before."""
     name = getattr(var, "name_hint", None)
     return str(name if name is not None else var.name)
+
+
+def static_nbytes(ty: object) -> int | None:
+    """The bytes of a tensor type of static shape and dtype (runtime rounding), else None."""
+    if not isinstance(ty, relax.TensorType) or ty.dtype is None or not isinstance(ty.shape, relax.ShapeExpr):
+        return None
+    count = 1
+    for dim in ty.shape.values:
+        if not isinstance(dim, tvm.tirx.IntImm):
+            return None
+        count *= int(dim)
+    dtype = ty.dtype.dtype  # TensorType.dtype is a PrimType; its .dtype has bits and lanes
+    return count * ((dtype.bits * dtype.lanes + 7) // 8)
 
 
 def used_vars(expr: relax.Expr) -> set[relax.Var]:

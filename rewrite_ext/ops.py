@@ -25,6 +25,8 @@ import tvm.relax.op.vm as _relax_vm
 from tvm import relax
 from tvm.ir import Op
 
+from ._ir import static_nbytes
+
 __all__ = ["COPY_TENSOR_OP", "copy_tensor"]
 
 #: The op's registered name.
@@ -86,20 +88,6 @@ def copy_tensor(src: relax.Expr, dst: relax.Expr) -> relax.Call:
     return relax.Call(Op.get(COPY_TENSOR_OP), [src, dst])
 
 
-def _static_nbytes(ty: relax.TensorType) -> int | None:
-    """The byte size of a tensor type when its shape and dtype are static, else None."""
-    if ty.dtype is None or not isinstance(ty.shape, relax.ShapeExpr):
-        return None
-    dims = ty.shape.values
-    if not all(isinstance(dim, tvm.tirx.IntImm) for dim in dims):
-        return None
-    count = 1
-    for dim in dims:
-        count *= int(dim)
-    dtype = ty.dtype.dtype  # PrimType -> tvm_ffi dtype
-    return count * ((dtype.bits * dtype.lanes + 7) // 8)
-
-
 def _infer_type(call: relax.Call, _builder: relax.BlockBuilder) -> relax.Type:
     # Reject at IR construction what the runtime copy would reject anyway, so a
     # wrong module fails where it is built, not when it runs.
@@ -111,7 +99,7 @@ def _infer_type(call: relax.Call, _builder: relax.BlockBuilder) -> relax.Type:
         if not isinstance(ty, (relax.TensorType, relax.AnyType)):
             raise TypeError(f"{COPY_TENSOR_OP}: {name} must be a tensor, got {ty}")
     if all(isinstance(ty, relax.TensorType) for ty in types):
-        src_bytes, dst_bytes = (_static_nbytes(ty) for ty in types)
+        src_bytes, dst_bytes = (static_nbytes(ty) for ty in types)
         if src_bytes is not None and dst_bytes is not None and src_bytes != dst_bytes:
             raise ValueError(
                 f"{COPY_TENSOR_OP}: src holds {src_bytes} bytes ({types[0]}) but dst holds "

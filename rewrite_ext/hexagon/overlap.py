@@ -231,19 +231,6 @@ def _const_int(expr: object) -> int | None:
     return None
 
 
-def _static_nbytes(ty: object) -> int | None:
-    """The bytes of a tensor type of static shape and dtype (runtime rounding), else None."""
-    if not isinstance(ty, relax.TensorType) or ty.dtype is None or not isinstance(ty.shape, relax.ShapeExpr):
-        return None
-    count = 1
-    for dim in ty.shape.values:
-        if not isinstance(dim, tvm.tirx.IntImm):
-            return None
-        count *= int(dim)
-    dtype = ty.dtype.dtype
-    return count * ((dtype.bits * dtype.lanes + 7) // 8)
-
-
 def _op_name(call: relax.Call) -> str | None:
     return str(call.op.name) if isinstance(call.op, tvm.ir.Op) else None
 
@@ -325,11 +312,11 @@ class _FactWalker:
         if name in _ALLOC_STORAGE_OPS:
             return _fact(Region(self._new_root("storage", _ir.var_name(var))))
         if name in _ALLOC_TENSOR_OPS:
-            return _placed(args[0], _const_int(call.args[1]), _static_nbytes(var.ty))
+            return _placed(args[0], _const_int(call.args[1]), _ir.static_nbytes(var.ty))
         if name in _SAME_RANGE_VIEW_OPS:
             return args[0]
         if name == _MEMORY_VIEW_OP:
-            return _viewed(args[0], _relative_offset(call), _static_nbytes(var.ty))
+            return _viewed(args[0], _relative_offset(call), _ir.static_nbytes(var.ty))
         if name is not None and name not in _ALIASING_PURE_OPS | _IN_PLACE_OPS and _is_pure_op(name):
             return _fact(Region(self._new_root("fresh", _ir.var_name(var))))
         # Packed, in-place or impure: any argument (or what a called closure holds), or
