@@ -155,16 +155,19 @@ class _RewriteMutator(PyExprMutator):
         # The matcher sees through earlier bindings of this block, as TVM's does; a binding
         # already rewritten in this pass is left out, since its old value no longer exists.
         var2val: dict[relax.Var, relax.Expr] | None = {} if self.rule.needs_bindings else None
+        # The inverse, kept alongside so each match maps values back to vars in O(match).
+        var_of: dict[relax.Expr, relax.Var] = {}
         is_candidate = self._is_candidate
         for binding in block.bindings:
             value = binding.value
-            if is_candidate(value) and self._try_rewrite(binding, value, var2val, is_dataflow):
+            if is_candidate(value) and self._try_rewrite(binding, value, var2val, var_of, is_dataflow):
                 continue
             self.visit_binding(binding)
             # Impure bindings are not seen through (TVM's matcher stops at them too): a
             # rewriter rebuilding their value would repeat a side effect.
             if var2val is not None and not relax.analysis.contains_impure_call(value):
                 var2val[binding.var] = value
+                var_of[value] = binding.var
         return builder._end_block()
 
     # -- one match -----------------------------------------------------------------
@@ -174,6 +177,7 @@ class _RewriteMutator(PyExprMutator):
         binding: relax.Binding,
         value: relax.Expr,
         var2val: dict[relax.Var, relax.Expr] | None,
+        var_of: dict[relax.Expr, relax.Var],
         is_dataflow: bool,
     ) -> bool:
         # A top-level OrPattern is tried one alternative at a time, as TVM's OrRewriter
@@ -182,7 +186,7 @@ class _RewriteMutator(PyExprMutator):
             matched = alternative.extract_matched_expr(value, var2val)
             if matched is None:
                 continue
-            matchings, interior = self._as_vars(matched, value, var2val)
+            matchings, interior = self._as_vars(matched, value, var_of)
             for pattern in enclosing:
                 matchings[pattern] = value
             emitted, new_value = self._call_rewriter(binding, value, matchings, is_dataflow)
@@ -232,7 +236,7 @@ class _RewriteMutator(PyExprMutator):
         self,
         matched: Mapping[DFPattern, relax.Expr],
         root: relax.Expr,
-        var2val: dict[relax.Var, relax.Expr] | None,
+        var_of: dict[relax.Expr, relax.Var],
     ) -> tuple[dict[DFPattern, relax.Expr], list[relax.Var]]:
         """Give each match as the var that binds it, never its bound value.
 
@@ -244,10 +248,9 @@ class _RewriteMutator(PyExprMutator):
         """
         matchings = dict(matched.items())
         interior: list[relax.Var] = []
-        if not var2val:
+        if not var_of:
             return matchings, interior
-        # Objects hash by handle, so this finds the binding of the very value matched.
-        var_of = {val: var for var, val in var2val.items()}
+        # Objects hash by handle, so var_of finds the binding of the very value matched.
         for pat, expr in matchings.items():
             if expr.same_as(root):
                 continue
