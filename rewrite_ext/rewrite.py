@@ -23,7 +23,7 @@ from tvm.relax.dpl import DFPattern
 from tvm.relax.dpl import pattern as P
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from . import _ir, _patterns
+from . import _ir, _patterns, _wellformed
 from .errors import RewriteError
 
 __all__ = ["rewrite_call", "RewriteCall", "Rewriter"]
@@ -92,12 +92,34 @@ class _PassResult:
     """Names of the binding vars whose value the rewriter replaced."""
     interior: list[relax.Var] = field(default_factory=list)
     """Pure bindings seen through by a match, to drop if nothing reads them."""
+    may_rematch: bool = True
+    """False when nothing this pass produced can match, so no further pass can rewrite."""
+    new_bindings: list[_wellformed.NewBindings] | None = None
+    """The bindings added per top-level block, when the local well-formedness check can vouch."""
 
 
 @dataclass
 class _Scope:
     name: str
     is_pure: bool
+
+
+_NESTED = (relax.If, relax.Function, relax.SeqExpr)
+"""Values holding blocks of their own: only TVM's mutator walks into them."""
+
+_OTHER, _CALL, _HAS_BLOCKS = 0, 1, 2
+# isinstance against TVM's expression classes goes through ABCMeta (~0.5 us a check, several
+# per binding); a binding's value is classified by its exact class, each class once.
+_KINDS: dict[type, int] = {}
+
+
+def _kind_of(cls: type) -> int:
+    kind = _KINDS.get(cls)
+    if kind is None:
+        kind = _KINDS[cls] = (
+            _HAS_BLOCKS if issubclass(cls, _NESTED) else _CALL if issubclass(cls, relax.Call) else _OTHER
+        )
+    return kind
 
 
 @mutator
@@ -112,11 +134,66 @@ class _RewriteMutator(PyExprMutator):
         self.scopes: list[_Scope] = []
         # >0 while re-emitting what a rewriter produced: that is not matched again this pass.
         self.suspended = 0
-        self.result = _PassResult(func)
+        self.result = _PassResult(func, may_rematch=rule.root_ops is None or rule.needs_bindings)
         self.error: BaseException | None = None
         self._used: set[relax.Var] | None = None
+        # Set once a rewritten var was re-typed: from then on every binding must go through
+        # the mutator, which substitutes the new var; before, a binding can be re-emitted as is.
+        self.remapped = False
+        # Only while rewrite_top drives a flat function: every var defined so far -> its
+        # top-level block.  Keyed by hash(var) (the object's address, unique while the IR
+        # holds the var) rather than by the var: 100k Python objects kept alive would make
+        # the cyclic GC rescan them over and over, a cost growing faster than the function.
+        # And the new bindings per block, for the local well-formedness check.
+        self.defined: dict[int, int] | None = None
+        self.block_index = -1
+        self.new_bindings: dict[int, _wellformed.NewBindings] | None = None
+        self.probed: set[relax.Var] = set()  # vars the probe defines already
+        self.in_module = mod is not None
 
     # -- traversal -----------------------------------------------------------------
+
+    def rewrite_top(self, func: relax.Function) -> relax.Function:
+        """Rewrite the top-level function, driving its blocks from Python when it is flat.
+
+        TVM's mutator ends every function by normalizing the whole rebuilt
+        body again, a second walk over every binding; a flat function (no
+        If, no local function, plain parameter shapes) is put together here
+        instead, from the blocks ``_rewrite_block`` returns.  Anything else
+        goes through ``visit_expr`` unchanged.
+        """
+        if not _ir.is_flat(func):
+            return self.visit_expr(func)
+        builder = self.builder_
+        self.scopes.append(_Scope(self.top_name, bool(func.is_pure)))
+        self.defined = {hash(param): -1 for param in func.params}
+        self.new_bindings = {}
+        self.probed = set(func.params)
+        builder.begin_scope(func.params)
+        try:
+            blocks = []
+            for index, block in enumerate(func.body.blocks):
+                self.block_index = index
+                new_block = self._rewrite_block(block, isinstance(block, relax.DataflowBlock))
+                if len(new_block.bindings):
+                    blocks.append(new_block)
+            self.block_index = -1
+            old_body = func.body.body
+            body = self.visit_expr(old_body)
+            seq = relax.SeqExpr(blocks, body)
+            if body.same_as(old_body):
+                _ir.set_type(seq, func.body.ty)
+            else:  # the output var was re-typed: let TVM type the body, as its mutator does
+                seq = builder.normalize(seq)
+        finally:
+            builder.end_scope()
+            self.scopes.pop()
+        if not self.result.rewritten:
+            return func
+        if self.new_bindings is not None and not self.remapped:
+            self.result.new_bindings = [self.new_bindings[i] for i in sorted(self.new_bindings)]
+        ret_ty = func.ret_ty if seq.ty.is_base_of(func.ret_ty) else None
+        return relax.Function(func.params, seq, ret_ty, func.is_pure, func.attrs)
 
     def visit_function_(self, func: relax.Function) -> relax.Expr:
         name = self.top_name if not self.scopes else f"{self.top_name} (local function)"
@@ -144,7 +221,7 @@ class _RewriteMutator(PyExprMutator):
         if self.rule.root_ops is None:
             return True
         is_candidate = self._is_candidate
-        return any(is_candidate(binding.value) for binding in block.bindings)
+        return any(is_candidate(binding.value) for binding in _ir.bindings_of(block))
 
     def _rewrite_block(self, block: relax.BindingBlock, is_dataflow: bool) -> relax.BindingBlock:
         builder = self.builder_
@@ -157,18 +234,53 @@ class _RewriteMutator(PyExprMutator):
         var2val: dict[relax.Var, relax.Expr] | None = {} if self.rule.needs_bindings else None
         # The inverse, kept alongside so each match maps values back to vars in O(match).
         var_of: dict[relax.Expr, relax.Var] = {}
-        is_candidate = self._is_candidate
-        for binding in block.bindings:
+        root_ops = self.rule.root_ops
+        # Only a block of the top-level function driven by rewrite_top records definitions.
+        defined = self.defined if self.block_index >= 0 else None
+        index = self.block_index
+        emit_normalized = builder.emit_normalized
+        kinds = _KINDS
+        for binding in _ir.bindings_of(block):
             value = binding.value
-            if is_candidate(value) and self._try_rewrite(binding, value, var2val, var_of, is_dataflow):
+            cls = type(value)
+            kind = kinds.get(cls)
+            if kind is None:
+                kind = _kind_of(cls)
+            if (
+                root_ops is None or (kind == _CALL and value.op in root_ops)
+            ) and self._try_rewrite(binding, value, var2val, var_of, is_dataflow):
                 continue
-            self.visit_binding(binding)
+            if defined is not None:
+                key = hash(binding.var)
+                if key in defined:  # defined twice already in the input: only the full check
+                    self.new_bindings = None
+                defined[key] = index
+            if kind == _HAS_BLOCKS:
+                self._visit_nested(binding)
+            elif self.remapped:
+                self.visit_binding(binding)
+            else:
+                # What visit_binding would do for a binding it leaves unchanged, minus the walk.
+                emit_normalized(binding)
             # Impure bindings are not seen through (TVM's matcher stops at them too): a
             # rewriter rebuilding their value would repeat a side effect.
             if var2val is not None and not relax.analysis.contains_impure_call(value):
                 var2val[binding.var] = value
                 var_of[value] = binding.var
         return builder._end_block()
+
+    def _visit_nested(self, binding: relax.Binding) -> None:
+        """Let TVM's mutator walk a value with blocks of its own (it calls back for those)."""
+        if self.block_index < 0:
+            self.visit_binding(binding)
+            return
+        # Vars defined in there are not tracked, so only the full check can vouch.
+        self.new_bindings = None
+        index, self.block_index = self.block_index, -1
+        try:
+            self.visit_binding(binding)
+        finally:
+            self.block_index = index
 
     # -- one match -----------------------------------------------------------------
 
@@ -201,21 +313,87 @@ class _RewriteMutator(PyExprMutator):
                     "(returned the original call or None); return the replacement expression, "
                     "or decline before emitting anything",
                 )
+            # A declined match may be accepted in a later pass (TVM offers it again).
+            self.result.may_rematch = True
         else:
             return False
         self.result.interior.extend(interior)
         self._check_result(binding, emitted, new_value, is_dataflow)
+        if not self.result.may_rematch and any(
+            self._is_candidate(v) or isinstance(v, _NESTED)
+            for v in (new_value, *(extra.value for extra in emitted))
+        ):
+            self.result.may_rematch = True  # the next pass has something new to look at
         self.suspended += 1
         try:
             for extra in emitted:
                 self.visit_binding(extra)
-            self._emit_replacement(binding, new_value)
+            replacement = self._emit_replacement(binding, new_value)
         finally:
             self.suspended -= 1
+        if self.block_index >= 0 and self.new_bindings is not None:
+            self._note_new_bindings(binding, value, [*emitted, replacement], is_dataflow)
         self.result.rewritten.append(_ir.var_name(binding.var))
         return True
 
-    def _emit_replacement(self, binding: relax.Binding, new_value: relax.Expr) -> None:
+    def _note_new_bindings(
+        self,
+        binding: relax.Binding,
+        value: relax.Expr,
+        new: list[relax.Binding],
+        is_dataflow: bool,
+    ) -> None:
+        """Check where the new bindings stand, and keep them for the probe of ``_wellformed``.
+
+        A var read by a new binding must be defined before it (a DataflowVar
+        in the same block); a var it defines must be new.  A var the
+        original value read already is not the rewriter's doing, so a
+        problem with it (input that was not well formed) is left to the full
+        check.
+        """
+        defined = self.defined
+        index = self.block_index
+        entry = self.new_bindings.get(index)
+        if entry is None:
+            entry = self.new_bindings[index] = _wellformed.NewBindings(is_dataflow)
+        original = None
+        for new_binding in new:
+            new_value = new_binding.value
+            if self.in_module and len(relax.analysis.all_global_vars(new_value)):
+                # Whether a GlobalVar is defined depends on the module: only the full check knows.
+                self.new_bindings = None
+                return
+            for var in relax.analysis.free_vars(new_value)[:]:
+                where = defined.get(hash(var))
+                if where is None or (where != index and isinstance(var, relax.DataflowVar)):
+                    if original is None:
+                        original = set(relax.analysis.free_vars(value)[:])
+                    if var in original:
+                        self.new_bindings = None
+                        return
+                    self._fail(
+                        binding,
+                        "the result is not well formed: the rewriter used the var "
+                        f"'{_ir.var_name(var)}', which is not defined before this binding"
+                        + (" in the same DataflowBlock" if where is not None else "")
+                        + "; use the vars in matchings, or what builder.emit returned",
+                    )
+                if var not in self.probed:
+                    self.probed.add(var)
+                    entry.reads.append(var)
+            var = new_binding.var
+            if hash(var) in defined and not var.same_as(binding.var):
+                self._fail(
+                    binding,
+                    "the result is not well formed: the rewriter emitted a binding of the "
+                    f"var '{_ir.var_name(var)}', which is already defined; builder.emit makes a "
+                    "fresh var",
+                )
+            defined[hash(var)] = index
+            self.probed.add(var)
+        entry.bindings.extend(new)
+
+    def _emit_replacement(self, binding: relax.Binding, new_value: relax.Expr) -> relax.Binding:
         """Bind the rewritten value to the binding's var, re-typed if its type changed.
 
         ``visit_binding`` would take TVM's fast path here (value and var both
@@ -225,12 +403,16 @@ class _RewriteMutator(PyExprMutator):
         value = self.visit_expr(new_value)
         var = self.visit_var_def(binding.var)
         if isinstance(binding, relax.MatchCast):
-            self.builder_.emit_normalized(relax.MatchCast(var, value, binding.ty))
-            return
-        new_var = self.with_type(var, value.ty)
-        if not new_var.same_as(binding.var):
-            self.set_var_remap(binding.var, new_var)
-        self.builder_.emit_normalized(relax.VarBinding(new_var, value))
+            new_binding = relax.MatchCast(var, value, binding.ty)
+        else:
+            new_var = self.with_type(var, value.ty)
+            if not new_var.same_as(binding.var):
+                self.set_var_remap(binding.var, new_var)
+                self.remapped = True
+                self.result.may_rematch = True  # later values now read a var of a new type
+            new_binding = relax.VarBinding(new_var, value)
+        self.builder_.emit_normalized(new_binding)
+        return new_binding
 
     def _as_vars(
         self,
@@ -301,7 +483,7 @@ class _RewriteMutator(PyExprMutator):
             else:
                 new_value = None
         finally:
-            emitted = list(builder._end_block().bindings)
+            emitted = builder._end_block().bindings[:]
         return emitted, new_value
 
     def _check_result(
@@ -356,7 +538,7 @@ class _RewriteMutator(PyExprMutator):
 def _one_pass(rule: _Rule, func: relax.Function, name: str, mod: tvm.IRModule | None) -> _PassResult:
     rewriter = _RewriteMutator(rule, func, name, mod)
     try:
-        new_func = rewriter.visit_expr(func)
+        new_func = rewriter.rewrite_top(func)
     except Exception:
         if rewriter.error is not None:
             raise rewriter.error from rewriter.error.__cause__
@@ -367,15 +549,27 @@ def _one_pass(rule: _Rule, func: relax.Function, name: str, mod: tvm.IRModule | 
 
 def _rewrite_function(
     rule: _Rule, func: relax.Function, name: str, mod: tvm.IRModule | None, max_iterations: int
-) -> relax.Function:
+) -> tuple[relax.Function, list[_wellformed.NewBindings] | None]:
+    """Rewrite to a fixed point; also return what the local well-formedness check needs.
+
+    The second item is None when only the full check can vouch for the
+    result (more than one pass rewrote, a var was re-typed, a block held an
+    If or a local function, ...).
+    """
     interior: list[relax.Var] = []
     current = func
-    for _ in range(max_iterations):
+    new_bindings = None
+    for count in range(max_iterations):
         result = _one_pass(rule, current, name, mod)
         if not result.rewritten:
             break
         current = result.func
         interior.extend(result.interior)
+        new_bindings = result.new_bindings if count == 0 else None
+        if not result.may_rematch:
+            # Nothing this pass produced can match and nothing it left can match now if it
+            # could not before: the next pass, or the confirming scan, would find nothing.
+            break
     else:
         # Every allowed pass rewrote something: one more scan tells converged from not.
         scan = _one_pass(rule, current, name, mod)
@@ -389,11 +583,30 @@ def _rewrite_function(
                 "max_iterations"
             )
     if interior:
+        # Only what the pass added is in new_bindings; dropping unused pure bindings
+        # cannot make it ill-formed.
         current = _ir.drop_unused_bindings(current, interior)
-    return current
+    return current, new_bindings
 
 
-def _check_well_formed(obj: relax.Function | tvm.IRModule, name: str, rule: _Rule) -> None:
+def _check_well_formed(
+    obj: relax.Function | tvm.IRModule,
+    name: str,
+    rule: _Rule,
+    new_bindings: list[list[_wellformed.NewBindings] | None],
+) -> None:
+    """Raise RewriteError unless ``obj`` passes ``relax.analysis.well_formed``.
+
+    ``new_bindings`` holds, per rewritten function, what its pass added (or
+    None).  When every function has it and each probe passes, the result is
+    well formed without walking it all (see ``_wellformed``); otherwise TVM
+    checks the whole of ``obj``.
+    """
+    if all(
+        added is not None and _wellformed.probe_is_well_formed(func, added)
+        for func, added in new_bindings
+    ):
+        return
     try:
         relax.analysis.well_formed(obj)
     except Exception as exc:  # noqa: BLE001 - TVM raises its own error types
@@ -489,9 +702,9 @@ def rewrite_call(
     rule = _Rule.make(pattern, rewriter)
     if isinstance(target, relax.Function):
         name = _ir.function_name(target)
-        result = _rewrite_function(rule, target, name, None, max_iterations)
+        result, added = _rewrite_function(rule, target, name, None, max_iterations)
         if not result.same_as(target):
-            _check_well_formed(result, name, rule)
+            _check_well_formed(result, name, rule, [(result, added)])
         return result
     if isinstance(target, tvm.IRModule):
         return _rewrite_module(rule, target, max_iterations)
@@ -501,15 +714,17 @@ def rewrite_call(
 def _rewrite_module(rule: _Rule, mod: tvm.IRModule, max_iterations: int) -> tvm.IRModule:
     functions = dict(mod.functions_items())
     changed = []
+    added = []
     for gvar, func in mod.functions_items():
         if isinstance(func, relax.Function):
-            new_func = _rewrite_function(rule, func, gvar.name_hint, mod, max_iterations)
+            new_func, new_bindings = _rewrite_function(rule, func, gvar.name_hint, mod, max_iterations)
             if not new_func.same_as(func):
                 functions[gvar] = new_func
                 changed.append(gvar.name_hint)
+                added.append((new_func, new_bindings))
     new_mod = tvm.IRModule(functions, attrs=mod.attrs, global_infos=mod.global_infos)
     if changed:
-        _check_well_formed(new_mod, ", ".join(changed), rule)
+        _check_well_formed(new_mod, ", ".join(changed), rule, added)
     return new_mod
 
 

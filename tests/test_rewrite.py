@@ -156,8 +156,9 @@ def test_result_that_is_not_well_formed_is_an_error():
     def rewriter(orig, m):
         return relax.op.multiply(m[X], stranger)  # a var bound nowhere in the function
 
-    with pytest.raises(RewriteError, match="not well formed"):
+    with pytest.raises(RewriteError, match="not well formed") as info:
         rewrite_call(ADD, rewriter, add_chain)
+    assert "'b'" in str(info.value) and "'stranger'" in str(info.value)
 
 
 def test_rule_that_never_converges_is_an_error_naming_the_bindings_that_keep_matching():
