@@ -240,33 +240,37 @@ class _RewriteMutator(PyExprMutator):
         index = self.block_index
         emit_normalized = builder.emit_normalized
         kinds = _KINDS
-        for binding in _ir.bindings_of(block):
-            value = binding.value
-            cls = type(value)
-            kind = kinds.get(cls)
-            if kind is None:
-                kind = _kind_of(cls)
-            if (
-                root_ops is None or (kind == _CALL and value.op in root_ops)
-            ) and self._try_rewrite(binding, value, var2val, var_of, is_dataflow):
-                continue
-            if defined is not None:
-                key = hash(binding.var)
-                if key in defined:  # defined twice already in the input: only the full check
-                    self.new_bindings = None
-                defined[key] = index
-            if kind == _HAS_BLOCKS:
-                self._visit_nested(binding)
-            elif self.remapped:
-                self.visit_binding(binding)
-            else:
-                # What visit_binding would do for a binding it leaves unchanged, minus the walk.
-                emit_normalized(binding)
-            # Impure bindings are not seen through (TVM's matcher stops at them too): a
-            # rewriter rebuilding their value would repeat a side effect.
-            if var2val is not None and not relax.analysis.contains_impure_call(value):
-                var2val[binding.var] = value
-                var_of[value] = binding.var
+        try:
+            for binding in _ir.bindings_of(block):
+                value = binding.value
+                cls = type(value)
+                kind = kinds.get(cls)
+                if kind is None:
+                    kind = _kind_of(cls)
+                if (
+                    root_ops is None or (kind == _CALL and value.op in root_ops)
+                ) and self._try_rewrite(binding, value, var2val, var_of, is_dataflow):
+                    continue
+                if defined is not None:
+                    key = hash(binding.var)
+                    if key in defined:  # defined twice already in the input: only the full check
+                        self.new_bindings = None
+                    defined[key] = index
+                if kind == _HAS_BLOCKS:
+                    self._visit_nested(binding)
+                elif self.remapped:
+                    self.visit_binding(binding)
+                else:
+                    # What visit_binding would do for a binding it leaves unchanged, minus the walk.
+                    emit_normalized(binding)
+                # Impure bindings are not seen through (TVM's matcher stops at them too): a
+                # rewriter rebuilding their value would repeat a side effect.
+                if var2val is not None and not relax.analysis.contains_impure_call(value):
+                    var2val[binding.var] = value
+                    var_of[value] = binding.var
+        except BaseException:
+            builder._end_block()  # leave the builder balanced for whoever unwinds it
+            raise
         return builder._end_block()
 
     def _visit_nested(self, binding: relax.Binding) -> None:
@@ -363,8 +367,16 @@ class _RewriteMutator(PyExprMutator):
                 # Whether a GlobalVar is defined depends on the module: only the full check knows.
                 self.new_bindings = None
                 return
+            symbolic = None
             for var in relax.analysis.free_vars(new_value)[:]:
                 where = defined.get(hash(var))
+                if where is None:
+                    # TVM 0.27's free_vars also lists symbolic (shape) vars; whether those are
+                    # defined is for well_formed to say, on the probe or the whole function.
+                    if symbolic is None:
+                        symbolic = set(relax.analysis.free_symbolic_vars(new_value)[:])
+                    if var in symbolic:
+                        continue
                 if where is None or (where != index and isinstance(var, relax.DataflowVar)):
                     if original is None:
                         original = set(relax.analysis.free_vars(value)[:])
