@@ -231,21 +231,22 @@ def main(argv: list[str] | None = None) -> int:
         "--repeats",
         type=int,
         default=None,
-        help="runs per figure (default 7; --quick: 5, and 3 for the 100k chain and the 10k copies)",
+        help="runs per figure, at least 5 (default 7; --quick: 5)",
     )
     parser.add_argument(
         "--skip-tvm-100k", action="store_true", help="skip TVM's rewrite_call at 100k in a full run"
     )
     args = parser.parse_args(argv)
     repeats = args.repeats or (5 if args.quick else 7)
-    big_repeats = 3 if args.quick else repeats  # the 100k chain and the 10k copies
+    if repeats < 5:
+        parser.error("--repeats: a median of at least 5 runs per figure")
     tvm_100k = not (args.quick or args.skip_tvm_100k)
     start_all = time.perf_counter()
 
     print(f"# bench_rewrite {'--quick' if args.quick else '(full)'}: {machine()}")
     print(
-        f"# median of {repeats} runs ({big_repeats} for the 100k chain and the 10k copies) per "
-        "figure; us/b = microseconds per input binding; ratio = left / right"
+        f"# median of {repeats} runs per figure; us/b = microseconds per input binding; "
+        "ratio = left / right"
     )
 
     results: dict[tuple[str, int], float] = {}
@@ -255,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     for n in QUICK_SIZES if args.quick else SIZES:
         progress(f"chain of {n} bindings")
         func = make_chain(n)
-        reps = big_repeats if n >= 100_000 else repeats
+        reps = repeats
 
         # 1. ~10% of bindings match.
         ours = lambda func=func: rewrite_ext.rewrite_call(ADD_PATTERN, add_to_subtract, func)
@@ -315,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         tvm.ir.assert_structural_equal(out_ours, out_hand)
         assert count_bindings(out_ours) == bindings + n
         del out_ours, out_hand
-        reps = big_repeats if n >= 10_000 else repeats
+        reps = repeats
         t_ours, t_hand = alternate([ours, hand], [reps, reps])
         results[("dma", n)] = t_ours
         results[("hand", n)] = t_hand

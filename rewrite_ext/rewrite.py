@@ -605,12 +605,12 @@ def _check_well_formed(
     obj: relax.Function | tvm.IRModule,
     name: str,
     rule: _Rule,
-    new_bindings: list[list[_wellformed.NewBindings] | None],
+    new_bindings: list[tuple[relax.Function, list[_wellformed.NewBindings] | None]],
 ) -> None:
     """Raise RewriteError unless ``obj`` passes ``relax.analysis.well_formed``.
 
-    ``new_bindings`` holds, per rewritten function, what its pass added (or
-    None).  When every function has it and each probe passes, the result is
+    ``new_bindings`` holds each rewritten function with what its pass added
+    (or None).  When every function has it and each probe passes, the result is
     well formed without walking it all (see ``_wellformed``); otherwise TVM
     checks the whole of ``obj``.
     """
