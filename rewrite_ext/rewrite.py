@@ -140,15 +140,16 @@ class _RewriteMutator(PyExprMutator):
         # Set once a rewritten var was re-typed: from then on every binding must go through
         # the mutator, which substitutes the new var; before, a binding can be re-emitted as is.
         self.remapped = False
-        # Only while rewrite_top drives a flat function: every var defined so far -> its
-        # top-level block.  Keyed by hash(var) (the object's address, unique while the IR
-        # holds the var) rather than by the var: 100k Python objects kept alive would make
-        # the cyclic GC rescan them over and over, a cost growing faster than the function.
-        # And the new bindings per block, for the local well-formedness check.
+        # Only while rewrite_top drives a flat function, for the local well-formedness check:
+        # - defined: every var defined so far -> its top-level block.  Keyed by hash(var) (the
+        #   object's address, unique while the IR holds the var), not by the var: 100k Python
+        #   objects kept alive would be rescanned by every full cyclic-GC collection;
+        # - new_bindings: per top-level block, what the pass added (None: the full check only);
+        # - probed: the vars the probe defines already.
         self.defined: dict[int, int] | None = None
         self.block_index = -1
         self.new_bindings: dict[int, _wellformed.NewBindings] | None = None
-        self.probed: set[relax.Var] = set()  # vars the probe defines already
+        self.probed: set[relax.Var] = set()
         self.in_module = mod is not None
 
     # -- traversal -----------------------------------------------------------------
@@ -157,10 +158,12 @@ class _RewriteMutator(PyExprMutator):
         """Rewrite the top-level function, driving its blocks from Python when it is flat.
 
         TVM's mutator ends every function by normalizing the whole rebuilt
-        body again, a second walk over every binding; a flat function (no
-        If, no local function, plain parameter shapes) is put together here
-        instead, from the blocks ``_rewrite_block`` returns.  Anything else
-        goes through ``visit_expr`` unchanged.
+        body again, a second walk over every binding.  A flat function (see
+        ``_ir.is_flat``: its body ends in a leaf, its parameter shapes are
+        plain) is put together here instead, from the blocks
+        ``_rewrite_block`` returns; a binding holding an If or a local
+        function still goes through the mutator.  Anything else is visited
+        by the mutator whole.
         """
         if not _ir.is_flat(func):
             return self.visit_expr(func)

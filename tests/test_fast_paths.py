@@ -85,6 +85,22 @@ def test_the_rebuilt_function_keeps_its_return_type_and_attributes():
     assert equal(out, rewrite_with_mutator_only(ADD, lambda orig, m: relax.op.multiply(m[X], m[Y]), f))
 
 
+def test_a_re_typed_output_var_is_typed_as_tvms_mutator_types_it():
+    @R.function
+    def f(x: R.Tensor((4,), "float32")):
+        a = R.exp(x)
+        b = R.add(a, x)
+        return b
+
+    def reshape(orig, m):  # the output binding b changes type: (4,) -> (2, 2)
+        return relax.op.reshape(m[X], relax.ShapeExpr([2, 2]))
+
+    out = rewrite_call(ADD, reshape, f)
+    assert equal(out, rewrite_with_mutator_only(ADD, reshape, f))
+    assert str(out.body.ty) == str(relax.TensorType([2, 2], "float32"))
+    relax.analysis.well_formed(out)
+
+
 def test_a_function_whose_parameter_shapes_are_expressions_goes_through_tvms_mutator():
     n = tvm.tirx.Var("n", "int64")
     x = relax.Var("x", relax.TensorType([n], "float32"))
