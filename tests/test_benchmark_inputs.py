@@ -1,0 +1,55 @@
+"""The benchmark compares like with like: its inputs and comparators, at small sizes.
+
+Nothing here times anything; these keep ``benchmarks/bench_rewrite.py`` honest
+when the library or TVM changes (a comparator that drifted from rewrite_ext's
+output would make every ratio it prints meaningless).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import tvm
+from tvm import relax
+from tvm.relax.dpl import rewrite_call as tvm_rewrite_call
+
+import rewrite_ext
+from rewrite_ext.hexagon import dma
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import bench_rewrite as bench  # noqa: E402
+
+
+@pytest.mark.parametrize("n", [1, 10, 57])
+def test_the_chain_rewrite_equals_tvms_and_the_hand_written_one(n):
+    func = bench.make_chain(n)
+    assert bench.count_bindings(func) == n
+    ours = rewrite_ext.rewrite_call(bench.ADD_PATTERN, bench.add_to_subtract, func)
+    tvm.ir.assert_structural_equal(ours, tvm_rewrite_call(bench.ADD_PATTERN, bench.add_to_subtract, func))
+    tvm.ir.assert_structural_equal(ours, bench.add_to_subtract_by_hand(func))
+    text = ours.script()
+    assert "R.add" not in text and text.count("R.subtract") == (n + 9) // 10
+    relax.analysis.well_formed(ours)
+
+
+def test_the_never_matching_pattern_leaves_the_chain_as_the_identity_mutator_does():
+    func = bench.make_chain(30)
+    tvm.ir.assert_structural_equal(rewrite_ext.rewrite_call(bench.NEVER_PATTERN, bench.add_to_subtract, func), func)
+    tvm.ir.assert_structural_equal(bench.Identity().visit_expr(func), func)
+
+
+def test_copy_to_dma_equals_the_forum_threads_hand_written_mutator():
+    func = bench.make_copies(20)
+    assert bench.count_bindings(func) == 3 * 20 + 2  # two storages, one per 16 copies
+    ours = dma.copy_to_dma(func)
+    tvm.ir.assert_structural_equal(ours, bench.HandWrittenDMA().visit_expr(func))
+    assert bench.count_bindings(ours) == bench.count_bindings(func) + 20
+    assert ours.script().count("dma_wait") == 20
+
+
+def test_the_benchmark_refuses_fewer_than_five_runs(capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--repeats", "3"])
+    assert "at least 5" in capsys.readouterr().err
