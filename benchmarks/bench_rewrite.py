@@ -274,10 +274,11 @@ def main(argv: list[str] | None = None) -> int:
         ours = lambda func=func: rewrite_ext.rewrite_call(ADD_PATTERN, add_to_subtract, func)
         theirs = lambda func=func: tvm_rewrite_call(ADD_PATTERN, add_to_subtract, func)
         if n >= 100_000 and not tvm_100k:
-            tvm.ir.assert_structural_equal(ours(), add_to_subtract_by_hand(func))
-            (t_ours,) = alternate([ours], [reps])
+            # Alone on its row, rewrite_ext would be measured as section 0 measured it
+            # (checked against the hand-written rewrite there): those runs are reused.
+            t_ours = scaling[n]["ext"]
             why = "--quick" if args.quick else "--skip-tvm-100k"
-            note = f"{reps}/0  TVM skipped ({why}): 2-3 ms/binding, 4-5 min a run"
+            note = f"{reps}/0  section 0's runs; TVM skipped ({why}): 3 ms/binding, 6 min a run"
             rows["match"].append((n, n, t_ours, None, note))
         else:
             # Checked first; at 100k that single TVM run (minutes) is also its one timing.
