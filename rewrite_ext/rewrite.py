@@ -94,8 +94,8 @@ class _PassResult:
     """Pure bindings seen through by a match, to drop if nothing reads them."""
     may_rematch: bool = True
     """False when nothing this pass produced can match, so no further pass can rewrite."""
-    new_bindings: list[_wellformed.NewBindings] | None = None
-    """The bindings added per top-level block, when the local well-formedness check can vouch."""
+    new_bindings: list[list[_wellformed.NewBindings]] | None = None
+    """The bindings added, as probes (each per top-level block), when the local check can vouch."""
 
 
 @dataclass
@@ -144,12 +144,15 @@ class _RewriteMutator(PyExprMutator):
         # - defined: every var defined so far -> its top-level block.  Keyed by hash(var) (the
         #   object's address, unique while the IR holds the var), not by the var: 100k Python
         #   objects kept alive would be rescanned by every full cyclic-GC collection;
-        # - new_bindings: per top-level block, what the pass added (None: the full check only);
-        # - probed: the vars the probe defines already.
+        # - new_bindings: per top-level block, what the pass added to the current probe (None:
+        #   the full check only); probes: the probes filled before it;
+        # - probed: the vars the current probe defines already, probe_size its bindings.
         self.defined: dict[int, int] | None = None
         self.block_index = -1
         self.new_bindings: dict[int, _wellformed.NewBindings] | None = None
+        self.probes: list[list[_wellformed.NewBindings]] = []
         self.probed: set[relax.Var] = set()
+        self.probe_size = 0
         self.in_module = mod is not None
 
     # -- traversal -----------------------------------------------------------------
@@ -171,7 +174,9 @@ class _RewriteMutator(PyExprMutator):
         self.scopes.append(_Scope(self.top_name, bool(func.is_pure)))
         self.defined = {hash(param): -1 for param in func.params}
         self.new_bindings = {}
+        self.probes = []
         self.probed = set(func.params)
+        self.probe_size = 0
         builder.begin_scope(func.params)
         try:
             blocks = []
@@ -194,7 +199,8 @@ class _RewriteMutator(PyExprMutator):
         if not self.result.rewritten:
             return func
         if self.new_bindings is not None and not self.remapped:
-            self.result.new_bindings = [self.new_bindings[i] for i in sorted(self.new_bindings)]
+            self._close_probe()
+            self.result.new_bindings = self.probes
         ret_ty = func.ret_ty if seq.ty.is_base_of(func.ret_ty) else None
         return relax.Function(func.params, seq, ret_ty, func.is_pure, func.attrs)
 
@@ -358,6 +364,8 @@ class _RewriteMutator(PyExprMutator):
         problem with it (input that was not well formed) is left to the full
         check.
         """
+        if self.probe_size >= _wellformed.PROBE_BINDINGS:
+            self._close_probe()
         defined = self.defined
         index = self.block_index
         entry = self.new_bindings.get(index)
@@ -396,6 +404,7 @@ class _RewriteMutator(PyExprMutator):
                 if var not in self.probed:
                     self.probed.add(var)
                     entry.reads.append(var)
+                    self.probe_size += 1
             var = new_binding.var
             if hash(var) in defined and not var.same_as(binding.var):
                 self._fail(
@@ -407,6 +416,15 @@ class _RewriteMutator(PyExprMutator):
             defined[hash(var)] = index
             self.probed.add(var)
         entry.bindings.extend(new)
+        self.probe_size += len(new)
+
+    def _close_probe(self) -> None:
+        """Keep the current probe's bindings and start a new, empty probe."""
+        if self.new_bindings:
+            self.probes.append([self.new_bindings[i] for i in sorted(self.new_bindings)])
+        self.new_bindings = {}
+        self.probed = set(self.top.params)
+        self.probe_size = 0
 
     def _emit_replacement(self, binding: relax.Binding, new_value: relax.Expr) -> relax.Binding:
         """Bind the rewritten value to the binding's var, re-typed if its type changed.
@@ -564,7 +582,7 @@ def _one_pass(rule: _Rule, func: relax.Function, name: str, mod: tvm.IRModule | 
 
 def _rewrite_function(
     rule: _Rule, func: relax.Function, name: str, mod: tvm.IRModule | None, max_iterations: int
-) -> tuple[relax.Function, list[_wellformed.NewBindings] | None]:
+) -> tuple[relax.Function, list[list[_wellformed.NewBindings]] | None]:
     """Rewrite to a fixed point; also return what the local well-formedness check needs.
 
     The second item is None when only the full check can vouch for the
@@ -608,7 +626,7 @@ def _check_well_formed(
     obj: relax.Function | tvm.IRModule,
     name: str,
     rule: _Rule,
-    new_bindings: list[tuple[relax.Function, list[_wellformed.NewBindings] | None]],
+    new_bindings: list[tuple[relax.Function, list[list[_wellformed.NewBindings]] | None]],
 ) -> None:
     """Raise RewriteError unless ``obj`` passes ``relax.analysis.well_formed``.
 
@@ -618,8 +636,8 @@ def _check_well_formed(
     checks the whole of ``obj``.
     """
     if all(
-        added is not None and _wellformed.probe_is_well_formed(func, added)
-        for func, added in new_bindings
+        probes is not None and all(_wellformed.probe_is_well_formed(func, p) for p in probes)
+        for func, probes in new_bindings
     ):
         return
     try:

@@ -27,6 +27,7 @@ from tvm.script import relax as R
 from tvm.script import tirx as T
 
 import rewrite_ext._ir
+import rewrite_ext._wellformed
 from _helpers import Snapshot, equal
 from rewrite_ext import RewriteError, rewrite_call
 from test_properties import FUNCTIONS, MORE_EXAMPLES, recipes
@@ -277,3 +278,68 @@ def test_a_global_var_in_a_new_binding_is_checked_against_the_module():
     stranger = Elsewhere.get_global_var("stranger")  # a function this module does not have
     with pytest.raises(RewriteError, match="not well formed"):
         rewrite_call(ADD, lambda orig, m: relax.Call(stranger, [m[X]]), TwoFunctions)
+
+
+# Probes are split every PROBE_BINDINGS bindings (well_formed costs more per binding on a big
+# function); 2 here puts each match below in a probe of its own.
+def chain_of_adds(count: int) -> relax.Function:
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([4], "float32"))
+    with bb.function("chain", [x]):
+        with bb.dataflow():
+            cur = x
+            for _ in range(count):
+                cur = bb.emit(relax.op.exp(bb.emit(relax.op.add(cur, x))))
+            out = bb.emit_output(cur)
+        bb.emit_func_output(out)
+    return bb.get()["chain"]
+
+
+def reads_the_first_match(faulty: int | None):
+    """A rewriter whose every replacement reads what the first match emitted (another probe's)."""
+    emitted: list[relax.Var] = []
+
+    def rewriter(orig, m, builder):
+        if len(emitted) == faulty:  # this match's binding is annotated with a wrong type
+            wrong = relax.DataflowVar("wrong", relax.TensorType([9, 9], "float32"))
+            builder.emit_normalized(relax.VarBinding(wrong, builder.normalize(relax.op.exp(m[X]))))
+        emitted.append(builder.emit(relax.op.exp(m[X])))
+        return relax.op.multiply(emitted[-1], emitted[0])
+
+    return rewriter
+
+
+def test_split_probes_vouch_for_a_well_formed_result_without_the_full_check(monkeypatch):
+    func = chain_of_adds(12)
+    checked: list[relax.Function] = []
+    real = relax.analysis.well_formed
+
+    def spy(obj, *args, **kwargs):
+        checked.append(obj)
+        return real(obj, *args, **kwargs)
+
+    monkeypatch.setattr(rewrite_ext._wellformed, "PROBE_BINDINGS", 2)
+    monkeypatch.setattr(relax.analysis, "well_formed", spy)
+    out = rewrite_call(ADD, reads_the_first_match(None), func)
+
+    real(out)
+    assert [op_of(b.value) for b in out.body.blocks[0].bindings[:4]] == [
+        "exp", "multiply", "exp", "exp"
+    ]
+    stub_params = [len(f.params) for f in checked]
+    assert len(checked) >= 12 and stub_params == [2] * len(checked)  # probes only: x and the stub
+
+
+@pytest.mark.parametrize("faulty", [0, 5, 11])
+def test_a_fault_in_any_probe_of_a_split_check_is_found(monkeypatch, faulty):
+    monkeypatch.setattr(rewrite_ext._wellformed, "PROBE_BINDINGS", 2)
+    func = chain_of_adds(12)
+    before = Snapshot.of(func)
+    with pytest.raises(RewriteError, match="not well formed") as info:
+        rewrite_call(ADD, reads_the_first_match(faulty), func)
+    assert "'chain'" in str(info.value)
+    before.assert_unchanged(func)
+
+
+def op_of(expr: relax.Expr) -> str:
+    return str(expr.op.name).removeprefix("relax.")
