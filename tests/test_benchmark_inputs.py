@@ -53,3 +53,14 @@ def test_the_benchmark_refuses_fewer_than_five_runs(capsys):
     with pytest.raises(SystemExit):
         bench.main(["--repeats", "3"])
     assert "at least 5" in capsys.readouterr().err
+
+
+def test_the_instruction_count_runner_does_the_work_of_the_scaling_figure():
+    import run_chain
+
+    rewritten = run_chain.run("rewrite_ext", 25, 2)
+    tvm.ir.assert_structural_equal(rewritten, bench.add_to_subtract_by_hand(bench.make_chain(25)))
+    tvm.ir.assert_structural_equal(run_chain.run("identity", 25, 1), bench.make_chain(25))
+    assert run_chain.run("rewrite_ext", 25, 0) is None  # the baseline run only builds the chain
+    with pytest.raises(SystemExit):
+        run_chain.main(["tvm", "25", "1"])  # only the two sides of the scaling figure

@@ -1,0 +1,54 @@
+"""Run one side of bench_rewrite's scaling figure K times, for an instruction counter.
+
+Timings on a shared machine move by tens of percent; instructions and simulated
+cache misses counted by valgrind do not.  Count a run with K repeats and one
+with none (building the chain and importing TVM cost the same in both), and
+divide the difference by N * K::
+
+    valgrind --tool=cachegrind --cache-sim=yes --LL=4194304,16,64 \\
+        python benchmarks/run_chain.py rewrite_ext 10000 10
+    valgrind --tool=cachegrind --cache-sim=yes --LL=4194304,16,64 \\
+        python benchmarks/run_chain.py rewrite_ext 10000 0
+
+``SIDE`` is ``rewrite_ext`` (the add -> subtract rewrite of the chain) or
+``identity`` (the identity-mutator floor).  See docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+
+from tvm import relax
+
+import bench_rewrite as bench
+import rewrite_ext
+
+
+def run(side: str, n: int, repeats: int) -> relax.Function | None:
+    """Build a chain of ``n`` bindings and run ``side`` on it ``repeats`` times; the last output."""
+    func = bench.make_chain(n)
+    gc.collect()
+    out = None
+    for _ in range(repeats):
+        out = None  # freed before the next run, as in bench_rewrite
+        if side == "identity":
+            out = bench.Identity().visit_expr(func)
+        else:
+            out = rewrite_ext.rewrite_call(bench.ADD_PATTERN, bench.add_to_subtract, func)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("side", choices=["rewrite_ext", "identity"])
+    parser.add_argument("n", type=int, help="bindings in the chain")
+    parser.add_argument("repeats", type=int, help="runs (0: only build the chain)")
+    args = parser.parse_args(argv)
+    run(args.side, args.n, args.repeats)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
