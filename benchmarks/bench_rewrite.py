@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    python benchmarks/bench_rewrite.py            # full run, ~11 min (TVM at 100k: one run, ~6 min)
+    python benchmarks/bench_rewrite.py            # full run, ~8-11 min (TVM at 100k: one run, 4-6 min)
     python benchmarks/bench_rewrite.py --quick    # < 60 s on 2 cores; TVM at 100k skipped
 
 Four figures, each measured in this one process, as the median of several
