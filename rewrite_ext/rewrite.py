@@ -173,10 +173,8 @@ class _RewriteMutator(PyExprMutator):
         builder = self.builder_
         self.scopes.append(_Scope(self.top_name, bool(func.is_pure)))
         self.defined = {hash(param): -1 for param in func.params}
-        self.new_bindings = {}
         self.probes = []
-        self.probed = set(func.params)
-        self.probe_size = 0
+        self._start_probe()
         builder.begin_scope(func.params)
         try:
             blocks = []
@@ -199,7 +197,7 @@ class _RewriteMutator(PyExprMutator):
         if not self.result.rewritten:
             return func
         if self.new_bindings is not None and not self.remapped:
-            self._close_probe()
+            self._start_probe()
             self.result.new_bindings = self.probes
         ret_ty = func.ret_ty if seq.ty.is_base_of(func.ret_ty) else None
         return relax.Function(func.params, seq, ret_ty, func.is_pure, func.attrs)
@@ -365,7 +363,7 @@ class _RewriteMutator(PyExprMutator):
         check.
         """
         if self.probe_size >= _wellformed.PROBE_BINDINGS:
-            self._close_probe()
+            self._start_probe()
         defined = self.defined
         index = self.block_index
         entry = self.new_bindings.get(index)
@@ -418,8 +416,8 @@ class _RewriteMutator(PyExprMutator):
         entry.bindings.extend(new)
         self.probe_size += len(new)
 
-    def _close_probe(self) -> None:
-        """Keep the current probe's bindings and start a new, empty probe."""
+    def _start_probe(self) -> None:
+        """Keep the current probe's bindings, if any, and start a new, empty probe."""
         if self.new_bindings:
             self.probes.append([self.new_bindings[i] for i in sorted(self.new_bindings)])
         self.new_bindings = {}

@@ -28,7 +28,7 @@ from tvm.script import tirx as T
 
 import rewrite_ext._ir
 import rewrite_ext._wellformed
-from _helpers import Snapshot, equal
+from _helpers import Snapshot, equal, op_name
 from rewrite_ext import RewriteError, rewrite_call
 from test_properties import FUNCTIONS, MORE_EXAMPLES, recipes
 
@@ -323,7 +323,7 @@ def test_split_probes_vouch_for_a_well_formed_result_without_the_full_check(monk
     out = rewrite_call(ADD, reads_the_first_match(None), func)
 
     real(out)
-    assert [op_of(b.value) for b in out.body.blocks[0].bindings[:4]] == [
+    assert [op_name(b.value) for b in out.body.blocks[0].bindings[:4]] == [
         "exp", "multiply", "exp", "exp"
     ]
     stub_params = [len(f.params) for f in checked]
@@ -339,7 +339,3 @@ def test_a_fault_in_any_probe_of_a_split_check_is_found(monkeypatch, faulty):
         rewrite_call(ADD, reads_the_first_match(faulty), func)
     assert "'chain'" in str(info.value)
     before.assert_unchanged(func)
-
-
-def op_of(expr: relax.Expr) -> str:
-    return str(expr.op.name).removeprefix("relax.")
