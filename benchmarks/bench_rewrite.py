@@ -376,15 +376,22 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def scaling_sides(func: relax.Function) -> dict[str, Callable[[], relax.Function]]:
+    """The two sides of the scaling figure on ``func``: rewrite_ext's add -> subtract, the floor."""
+    return {
+        "rewrite_ext": lambda: rewrite_ext.rewrite_call(ADD_PATTERN, add_to_subtract, func),
+        "identity": lambda: Identity().visit_expr(func),
+    }
+
+
 def measure_scaling(n: int, repeats: int) -> dict[str, float]:
     """Median times of rewrite_ext (add -> subtract) and the identity floor on one chain."""
     progress(f"scaling: chain of {n} bindings")
     func = make_chain(n)
-    ours = lambda: rewrite_ext.rewrite_call(ADD_PATTERN, add_to_subtract, func)
-    floor = lambda: Identity().visit_expr(func)
-    tvm.ir.assert_structural_equal(ours(), add_to_subtract_by_hand(func))
-    t_ours, t_floor = alternate([ours, floor], [repeats, repeats])
-    del func, ours, floor
+    sides = scaling_sides(func)
+    tvm.ir.assert_structural_equal(sides["rewrite_ext"](), add_to_subtract_by_hand(func))
+    t_ours, t_floor = alternate([sides["rewrite_ext"], sides["identity"]], [repeats, repeats])
+    del func, sides
     gc.collect()
     return {"ext": t_ours, "identity": t_floor}
 
