@@ -30,6 +30,7 @@ full check, whose verdict stands.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -40,6 +41,55 @@ from . import _ir
 
 PROBE_BINDINGS = 1000
 """Bindings (new ones and stubs) after which the driver starts a new probe."""
+
+
+class InputDefinitions:
+    """Where each var of a flat function is bound, indexed on first use.
+
+    The driver needs it only when a new binding reads a var that neither
+    the match, the parameters nor an earlier new binding accounts for, or
+    defines a var that might exist already; most rewrites never ask, and
+    then no pass pays for a map of every binding of a big function (on
+    this project's benchmark that map cost 5% of the instructions and 15%
+    of the cache misses at 100k bindings).
+
+    Parameters
+    ----------
+    func : relax.Function
+        The function as it was before the pass; it must outlive this index,
+        which is keyed by ``hash(var)`` (the object's address) so that a big
+        index holds no Python wrapper objects for the cyclic GC to rescan.
+    """
+
+    def __init__(self, func: relax.Function):
+        self._func = func
+        self._where: dict[int, int] | None = None
+        self._block_starts: list[int] = []
+        self.defined_twice = False
+        """Whether some var is bound more than once (known once the index is built)."""
+
+    def position(self, var: relax.Var) -> int | None:
+        """The var's binding, numbered over all top-level blocks in order; None if unbound."""
+        if self._where is None:
+            self._build()
+        return self._where.get(hash(var))
+
+    def block_of(self, position: int) -> int:
+        """The top-level block holding the binding at ``position``."""
+        return bisect_right(self._block_starts, position) - 1
+
+    def _build(self) -> None:
+        where: dict[int, int] = {}
+        position = 0
+        for block in self._func.body.blocks:
+            self._block_starts.append(position)
+            for binding in _ir.bindings_of(block):
+                key = hash(binding.var)
+                if key in where:
+                    self.defined_twice = True
+                where[key] = position
+                position += 1
+        self._where = where
 
 
 @dataclass

@@ -141,17 +141,21 @@ class _RewriteMutator(PyExprMutator):
         # the mutator, which substitutes the new var; before, a binding can be re-emitted as is.
         self.remapped = False
         # Only while rewrite_top drives a flat function, for the local well-formedness check:
-        # - defined: every var defined so far -> its top-level block.  Keyed by hash(var) (the
-        #   object's address, unique while the IR holds the var), not by the var: 100k Python
-        #   objects kept alive would be rescanned by every full cyclic-GC collection;
+        # - block_index: the top-level block being rebuilt (-1: none, or inside a nested one);
+        # - params, input_defs: where the vars of the input are defined (indexed on demand);
+        #   new_defined: each var a new binding defines -> its top-level block;
         # - new_bindings: per top-level block, what the pass added to the current probe (None:
         #   the full check only); probes: the probes filled before it;
         # - probed: the vars the current probe defines already, probe_size its bindings.
-        self.defined: dict[int, int] | None = None
+        # Vars are kept as hash(var), the object's address (unique while the IR holds it):
+        # membership of a var object runs TVM's Python-level Expr.__eq__ on every hit.
         self.block_index = -1
+        self.params: set[int] = set()
+        self.input_defs = _wellformed.InputDefinitions(func)
+        self.new_defined: dict[int, int] = {}
         self.new_bindings: dict[int, _wellformed.NewBindings] | None = None
         self.probes: list[list[_wellformed.NewBindings]] = []
-        self.probed: set[relax.Var] = set()
+        self.probed: set[int] = set()
         self.probe_size = 0
         self.in_module = mod is not None
 
@@ -172,7 +176,7 @@ class _RewriteMutator(PyExprMutator):
             return self.visit_expr(func)
         builder = self.builder_
         self.scopes.append(_Scope(self.top_name, bool(func.is_pure)))
-        self.defined = {hash(param): -1 for param in func.params}
+        self.params = {hash(param) for param in func.params}
         self.probes = []
         self._start_probe()
         builder.begin_scope(func.params)
@@ -242,10 +246,7 @@ class _RewriteMutator(PyExprMutator):
         # The inverse, kept alongside so each match maps values back to vars in O(match).
         var_of: dict[relax.Expr, relax.Var] = {}
         root_ops = self.rule.root_ops
-        # Only a block of the top-level function driven by rewrite_top records definitions.
-        defined = self.defined if self.block_index >= 0 else None
-        index = self.block_index
-        emit_normalized = builder.emit_normalized
+        emit_normalized = _ir.emit_normalized
         kinds = _KINDS
         try:
             for binding in _ir.bindings_of(block):
@@ -258,18 +259,13 @@ class _RewriteMutator(PyExprMutator):
                     root_ops is None or (kind == _CALL and value.op in root_ops)
                 ) and self._try_rewrite(binding, value, var2val, var_of, is_dataflow):
                     continue
-                if defined is not None:
-                    key = hash(binding.var)
-                    if key in defined:  # defined twice already in the input: only the full check
-                        self.new_bindings = None
-                    defined[key] = index
                 if kind == _HAS_BLOCKS:
                     self._visit_nested(binding)
                 elif self.remapped:
                     self.visit_binding(binding)
                 else:
                     # What visit_binding would do for a binding it leaves unchanged, minus the walk.
-                    emit_normalized(binding)
+                    emit_normalized(builder, binding)
                 # Impure bindings are not seen through (TVM's matcher stops at them too): a
                 # rewriter rebuilding their value would repeat a side effect.
                 if var2val is not None and not relax.analysis.contains_impure_call(value):
@@ -343,7 +339,7 @@ class _RewriteMutator(PyExprMutator):
         finally:
             self.suspended -= 1
         if self.block_index >= 0 and self.new_bindings is not None:
-            self._note_new_bindings(binding, value, [*emitted, replacement], is_dataflow)
+            self._note_new_bindings(binding, value, matchings, [*emitted, replacement], is_dataflow)
         self.result.rewritten.append(_ir.var_name(binding.var))
         return True
 
@@ -351,25 +347,27 @@ class _RewriteMutator(PyExprMutator):
         self,
         binding: relax.Binding,
         value: relax.Expr,
+        matchings: Mapping[DFPattern, relax.Expr],
         new: list[relax.Binding],
         is_dataflow: bool,
     ) -> None:
         """Check where the new bindings stand, and keep them for the probe of ``_wellformed``.
 
         A var read by a new binding must be defined before it (a DataflowVar
-        in the same block); a var it defines must be new.  A var the
-        original value read already is not the rewriter's doing, so a
-        problem with it (input that was not well formed) is left to the full
-        check.
+        in the same block); a var it defines must be new.  Where the rewrite
+        did not touch it, the input is taken to be well formed, as for every
+        binding the pass keeps: a var the match handed over, or that the
+        original value read, is defined where the original binding could
+        read it.  Any other var is looked up in the input's definitions.
         """
         if self.probe_size >= _wellformed.PROBE_BINDINGS:
             self._start_probe()
-        defined = self.defined
         index = self.block_index
         entry = self.new_bindings.get(index)
         if entry is None:
             entry = self.new_bindings[index] = _wellformed.NewBindings(is_dataflow)
-        original = None
+        handed: set[int] | None = None
+        original: set[int] | None = None
         for new_binding in new:
             new_value = new_binding.value
             if self.in_module and len(relax.analysis.all_global_vars(new_value)):
@@ -378,20 +376,28 @@ class _RewriteMutator(PyExprMutator):
                 return
             symbolic = None
             for var in relax.analysis.free_vars(new_value)[:]:
-                where = defined.get(hash(var))
+                key = hash(var)
+                where = self.new_defined.get(key)
+                if where is None and key in self.params:
+                    where = -1
+                if where is None:
+                    if handed is None:
+                        handed = {hash(matched) for matched in matchings.values()}
+                    if key in handed:
+                        where = index
                 if where is None:
                     # TVM 0.27's free_vars also lists symbolic (shape) vars; whether those are
                     # defined is for well_formed to say, on the probe or the whole function.
                     if symbolic is None:
-                        symbolic = set(relax.analysis.free_symbolic_vars(new_value)[:])
-                    if var in symbolic:
+                        symbolic = {hash(v) for v in relax.analysis.free_symbolic_vars(new_value)[:]}
+                    if key in symbolic:
                         continue
-                if where is None or (where != index and isinstance(var, relax.DataflowVar)):
                     if original is None:
-                        original = set(relax.analysis.free_vars(value)[:])
-                    if var in original:
-                        self.new_bindings = None
-                        return
+                        original = {hash(v) for v in relax.analysis.free_vars(value)[:]}
+                    where = index if key in original else self._input_block_before(binding, var)
+                    if where is None and self.new_bindings is None:
+                        return  # the input binds some var twice: only the full check can tell
+                if where is None or (where != index and isinstance(var, relax.DataflowVar)):
                     self._fail(
                         binding,
                         "the result is not well formed: the rewriter used the var "
@@ -399,29 +405,53 @@ class _RewriteMutator(PyExprMutator):
                         + (" in the same DataflowBlock" if where is not None else "")
                         + "; use the vars in matchings, or what builder.emit returned",
                     )
-                if var not in self.probed:
-                    self.probed.add(var)
+                if key not in self.probed:
+                    self.probed.add(key)
                     entry.reads.append(var)
                     self.probe_size += 1
             var = new_binding.var
-            if hash(var) in defined and not var.same_as(binding.var):
-                self._fail(
-                    binding,
-                    "the result is not well formed: the rewriter emitted a binding of the "
-                    f"var '{_ir.var_name(var)}', which is already defined; builder.emit makes a "
-                    "fresh var",
+            if not var.same_as(binding.var):
+                known = (
+                    hash(var) in self.new_defined
+                    or hash(var) in self.params
+                    or self.input_defs.position(var) is not None
                 )
-            defined[hash(var)] = index
-            self.probed.add(var)
+                if self.input_defs.defined_twice:
+                    self.new_bindings = None  # only the full check can judge such an input
+                    return
+                if known:
+                    self._fail(
+                        binding,
+                        "the result is not well formed: the rewriter emitted a binding of the "
+                        f"var '{_ir.var_name(var)}', which is already defined; builder.emit "
+                        "makes a fresh var",
+                    )
+                self.new_defined[hash(var)] = index
+            self.probed.add(hash(var))
         entry.bindings.extend(new)
         self.probe_size += len(new)
+
+    def _input_block_before(self, binding: relax.Binding, var: relax.Var) -> int | None:
+        """The top-level block where the input binds ``var`` before ``binding``, or None.
+
+        None also when the input binds some var twice; then ``new_bindings``
+        is dropped, as only the full check can judge such a function.
+        """
+        defs = self.input_defs
+        position = defs.position(var)
+        if defs.defined_twice:
+            self.new_bindings = None
+            return None
+        if position is None or position >= defs.position(binding.var):
+            return None
+        return defs.block_of(position)
 
     def _start_probe(self) -> None:
         """Keep the current probe's bindings, if any, and start a new, empty probe."""
         if self.new_bindings:
             self.probes.append([self.new_bindings[i] for i in sorted(self.new_bindings)])
         self.new_bindings = {}
-        self.probed = set(self.top.params)
+        self.probed = set(self.params)
         self.probe_size = 0
 
     def _emit_replacement(self, binding: relax.Binding, new_value: relax.Expr) -> relax.Binding:

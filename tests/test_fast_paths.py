@@ -214,9 +214,10 @@ def test_an_emitted_binding_of_a_var_defined_elsewhere_names_the_var():
         builder.emit_normalized(relax.VarBinding(later, builder.normalize(relax.op.exp(m[X]))))
         return relax.op.multiply(m[X], m[Y])
 
-    # b is bound again later, by the input itself: the full check finds it.
-    with pytest.raises(RewriteError, match="not well formed.*Var b is defined more than once"):
+    # b is bound again later, by the input itself: found in the input's definitions.
+    with pytest.raises(RewriteError, match="not well formed.*'b', which is already defined") as info:
         rewrite_call(ADD, rewriter, impure)
+    assert "binding 'a'" in str(info.value)
 
     param = impure.params[0]
 
@@ -339,3 +340,112 @@ def test_a_fault_in_any_probe_of_a_split_check_is_found(monkeypatch, faulty):
         rewrite_call(ADD, reads_the_first_match(faulty), func)
     assert "'chain'" in str(info.value)
     before.assert_unchanged(func)
+
+
+# Where the input defines each var is indexed only when a new binding reads a var the match did
+# not hand over (or defines a var that may exist already); the index is exact, so what it
+# accepts is well formed and what it refuses names the var.
+
+
+def counting_index_builds(monkeypatch) -> list[int]:
+    builds: list[int] = []
+    real = rewrite_ext._wellformed.InputDefinitions._build
+
+    def spy(self):
+        builds.append(1)
+        real(self)
+
+    monkeypatch.setattr(rewrite_ext._wellformed.InputDefinitions, "_build", spy)
+    return builds
+
+
+def spy_on_well_formed(monkeypatch) -> list[relax.Function]:
+    checked: list[relax.Function] = []
+    real = relax.analysis.well_formed
+
+    def spy(obj, *args, **kwargs):
+        checked.append(obj)
+        return real(obj, *args, **kwargs)
+
+    monkeypatch.setattr(relax.analysis, "well_formed", spy)
+    return checked
+
+
+def test_a_rewrite_reading_only_what_the_match_handed_over_indexes_nothing(monkeypatch):
+    builds = counting_index_builds(monkeypatch)
+    checked = spy_on_well_formed(monkeypatch)
+    out = rewrite_call(ADD, lambda orig, m: relax.op.subtract(m[X], m[Y]), chain_of_adds(20))
+    assert [op_name(b.value) for b in out.body.blocks[0].bindings].count("subtract") == 20
+    assert builds == []
+    assert checked and all(len(f.params) == 2 for f in checked)  # probes only, vouched locally
+    relax.analysis.well_formed(out)
+
+
+def test_a_var_handed_over_through_a_binding_seen_through_indexes_nothing(monkeypatch):
+    inner = wildcard()
+    exp_then_add = is_op("relax.add")(is_op("relax.exp")(inner), Y)
+    builds = counting_index_builds(monkeypatch)
+    # m[inner] is read by the exp binding the pattern sees through, not by the add itself.
+    out = rewrite_call(exp_then_add, lambda orig, m: relax.op.multiply(m[inner], m[Y]), chain_of_adds(8))
+    assert [op_name(b.value) for b in out.body.blocks[0].bindings].count("multiply") == 7
+    assert builds == []
+    relax.analysis.well_formed(out)
+
+
+def test_an_earlier_var_the_match_did_not_hand_over_is_found_in_the_input(monkeypatch):
+    func = chain_of_adds(6)
+    first_exp = func.body.blocks[0].bindings[1].var  # bound after the first add, before the rest
+    x = func.params[0]
+
+    def rewriter(orig, m):
+        if m[X].same_as(x):
+            return None  # the first add comes before first_exp
+        return relax.op.multiply(m[X], first_exp)
+
+    builds = counting_index_builds(monkeypatch)
+    checked = spy_on_well_formed(monkeypatch)
+    out = rewrite_call(ADD, rewriter, func)
+    assert [op_name(b.value) for b in out.body.blocks[0].bindings].count("multiply") == 5
+    assert builds == [1]
+    assert checked and all(len(f.params) == 2 for f in checked)
+    relax.analysis.well_formed(out)
+
+
+def test_a_new_binding_reading_the_var_it_replaces_is_an_error_naming_it():
+    own = impure.body.blocks[0].bindings[0].var  # a, the binding being rewritten
+
+    def rewriter(orig, m, builder):
+        builder.emit(relax.op.exp(own))
+        return relax.op.multiply(m[X], m[Y])
+
+    with pytest.raises(RewriteError, match="'a', which is not defined before this binding") as info:
+        rewrite_call(ADD, rewriter, impure)
+    assert "binding 'a'" in str(info.value)
+
+
+def test_an_input_binding_a_var_twice_is_left_to_the_full_check():
+    tensor = relax.TensorType([4], "float32")
+    x, a, b = (relax.Var(name, tensor) for name in "xab")
+    bb = relax.BlockBuilder()
+    exp, add = bb.normalize(relax.op.exp(x)), bb.normalize(relax.op.add(x, x))
+    twice = relax.BindingBlock(
+        [relax.VarBinding(a, exp), relax.VarBinding(b, add), relax.VarBinding(a, exp)]
+    )
+    func = bb.normalize(relax.Function([x], relax.SeqExpr([twice], b), tensor, is_pure=False))
+    with pytest.raises(Exception, match="defined more than once"):
+        relax.analysis.well_formed(func)
+
+    # Reading a, which the match did not hand over, consults the index, which finds the fault.
+    with pytest.raises(RewriteError, match="not well formed.*defined more than once"):
+        rewrite_call(ADD, lambda orig, m: relax.op.multiply(m[X], a), func)
+
+
+def test_the_per_binding_ffi_handles_keep_the_gil_and_leave_tvms_own_alone():
+    from tvm.relax import _ffi_api as relax_ffi
+    from tvm_ffi import _ffi_api as ffi_api
+
+    assert rewrite_ext._ir.emit_normalized.release_gil is False
+    assert rewrite_ext._ir._ARRAY_GET_ITEM.release_gil is False
+    # TVM's handles on the same functions still release it, for everyone else.
+    assert relax_ffi.BlockBuilderEmitNormalized.release_gil is True
+    assert ffi_api.ArrayGetItem.release_gil is True
