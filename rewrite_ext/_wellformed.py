@@ -20,7 +20,9 @@ bindings each: ``well_formed``'s cost per binding grows with the size of
 the function it walks (on this project's benchmark, one probe of 20k
 bindings cost 1.3x as much per binding as twenty of 1k), so small probes
 keep the check linear in the number of new bindings.  A var one probe
-reads from another is a stub there like any other.
+reads from another is a stub there like any other.  The driver checks
+each probe as soon as it is full when the pass is likely the only one,
+while the probe's bindings are still in the CPU's caches.
 
 The probe can only be stricter than the real function (a symbolic var
 defined by an earlier ``match_cast`` of the original is unknown to it), so
@@ -39,7 +41,7 @@ from tvm import relax
 from . import _ir
 
 
-PROBE_BINDINGS = 1000
+PROBE_BINDINGS = 256
 """Bindings (new ones and stubs) after which the driver starts a new probe."""
 
 

@@ -126,7 +126,14 @@ def _kind_of(cls: type) -> int:
 class _RewriteMutator(PyExprMutator):
     """One rewriting pass over one top-level function."""
 
-    def __init__(self, rule: _Rule, func: relax.Function, name: str, mod: tvm.IRModule | None):
+    def __init__(
+        self,
+        rule: _Rule,
+        func: relax.Function,
+        name: str,
+        mod: tvm.IRModule | None,
+        check_locally: bool = True,
+    ):
         super().__init__(mod)
         self.rule = rule
         self.top = func
@@ -140,15 +147,17 @@ class _RewriteMutator(PyExprMutator):
         # Set once a rewritten var was re-typed: from then on every binding must go through
         # the mutator, which substitutes the new var; before, a binding can be re-emitted as is.
         self.remapped = False
-        # Only while rewrite_top drives a flat function, for the local well-formedness check:
+        # Only while rewrite_top drives a flat function, for the local well-formedness check
+        # (check_locally: only the first pass, as a later one that rewrites voids it):
         # - block_index: the top-level block being rebuilt (-1: none, or inside a nested one);
         # - params, input_defs: where the vars of the input are defined (indexed on demand);
         #   new_defined: each var a new binding defines -> its top-level block;
         # - new_bindings: per top-level block, what the pass added to the current probe (None:
-        #   the full check only); probes: the probes filled before it;
+        #   the full check only); probes: the filled probes left for after the pass;
         # - probed: the vars the current probe defines already, probe_size its bindings.
         # Vars are kept as hash(var), the object's address (unique while the IR holds it):
         # membership of a var object runs TVM's Python-level Expr.__eq__ on every hit.
+        self.check_locally = check_locally
         self.block_index = -1
         self.params: set[int] = set()
         self.input_defs = _wellformed.InputDefinitions(func)
@@ -179,6 +188,8 @@ class _RewriteMutator(PyExprMutator):
         self.params = {hash(param) for param in func.params}
         self.probes = []
         self._start_probe()
+        if not self.check_locally:
+            self.new_bindings = None
         builder.begin_scope(func.params)
         try:
             blocks = []
@@ -202,7 +213,8 @@ class _RewriteMutator(PyExprMutator):
             return func
         if self.new_bindings is not None and not self.remapped:
             self._start_probe()
-            self.result.new_bindings = self.probes
+            if self.new_bindings is not None:
+                self.result.new_bindings = self.probes
         ret_ty = func.ret_ty if seq.ty.is_base_of(func.ret_ty) else None
         return relax.Function(func.params, seq, ret_ty, func.is_pure, func.attrs)
 
@@ -362,6 +374,8 @@ class _RewriteMutator(PyExprMutator):
         """
         if self.probe_size >= _wellformed.PROBE_BINDINGS:
             self._start_probe()
+            if self.new_bindings is None:
+                return
         index = self.block_index
         entry = self.new_bindings.get(index)
         if entry is None:
@@ -447,9 +461,23 @@ class _RewriteMutator(PyExprMutator):
         return defs.block_of(position)
 
     def _start_probe(self) -> None:
-        """Keep the current probe's bindings, if any, and start a new, empty probe."""
+        """Check or keep the current probe's bindings, if any, and start a new, empty probe.
+
+        While nothing this pass did can match again, the pass is most likely
+        the only one, so the probe is checked at once, while its bindings are
+        still in the CPU's caches (checked after the pass, the probes of a
+        100k-binding function cost three times the cache misses).  A probe
+        that fails ends the local check: only the full check can judge.
+        Otherwise another pass may follow, which would make the check moot,
+        so the probe is kept for after the last pass.
+        """
         if self.new_bindings:
-            self.probes.append([self.new_bindings[i] for i in sorted(self.new_bindings)])
+            probe = [self.new_bindings[i] for i in sorted(self.new_bindings)]
+            if self.result.may_rematch:
+                self.probes.append(probe)
+            elif not _wellformed.probe_is_well_formed(self.top, probe):
+                self.new_bindings = None
+                return
         self.new_bindings = {}
         self.probed = set(self.params)
         self.probe_size = 0
@@ -596,8 +624,14 @@ class _RewriteMutator(PyExprMutator):
         raise error
 
 
-def _one_pass(rule: _Rule, func: relax.Function, name: str, mod: tvm.IRModule | None) -> _PassResult:
-    rewriter = _RewriteMutator(rule, func, name, mod)
+def _one_pass(
+    rule: _Rule,
+    func: relax.Function,
+    name: str,
+    mod: tvm.IRModule | None,
+    check_locally: bool,
+) -> _PassResult:
+    rewriter = _RewriteMutator(rule, func, name, mod, check_locally)
     try:
         new_func = rewriter.rewrite_top(func)
     except Exception:
@@ -621,7 +655,7 @@ def _rewrite_function(
     current = func
     new_bindings = None
     for count in range(max_iterations):
-        result = _one_pass(rule, current, name, mod)
+        result = _one_pass(rule, current, name, mod, check_locally=count == 0)
         if not result.rewritten:
             break
         current = result.func
@@ -633,7 +667,7 @@ def _rewrite_function(
             break
     else:
         # Every allowed pass rewrote something: one more scan tells converged from not.
-        scan = _one_pass(rule, current, name, mod)
+        scan = _one_pass(rule, current, name, mod, check_locally=False)
         if scan.rewritten:
             shown = ", ".join(f"'{v}'" for v in scan.rewritten[:10])
             more = f" and {len(scan.rewritten) - 10} more" if len(scan.rewritten) > 10 else ""

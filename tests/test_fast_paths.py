@@ -331,6 +331,49 @@ def test_split_probes_vouch_for_a_well_formed_result_without_the_full_check(monk
     assert len(checked) >= 12 and stub_params == [2] * len(checked)  # probes only: x and the stub
 
 
+def test_probes_are_checked_during_a_pass_that_cannot_match_again(monkeypatch):
+    """Each probe is checked as soon as it is full, while its bindings are still cached."""
+    monkeypatch.setattr(rewrite_ext._wellformed, "PROBE_BINDINGS", 2)
+    calls: list[str] = []
+    real = rewrite_ext._wellformed.probe_is_well_formed
+
+    def spy(func, blocks):
+        calls.append("probe")
+        return real(func, blocks)
+
+    def rewriter(orig, m):
+        calls.append("rewrite")
+        return relax.op.subtract(m[X], m[Y])
+
+    monkeypatch.setattr(rewrite_ext._wellformed, "probe_is_well_formed", spy)
+    rewrite_call(ADD, rewriter, chain_of_adds(12))
+    assert calls.count("rewrite") == 12 and calls.count("probe") >= 6
+    assert calls.index("probe") < calls.index("rewrite", 4)  # interleaved, not all after the pass
+
+
+def test_probes_of_a_pass_that_may_be_followed_by_another_wait_for_it(monkeypatch):
+    """A declined match may be accepted in a later pass: the probes wait for the last one."""
+    monkeypatch.setattr(rewrite_ext._wellformed, "PROBE_BINDINGS", 2)
+    calls: list[str] = []
+    real = rewrite_ext._wellformed.probe_is_well_formed
+
+    def spy(func, blocks):
+        calls.append("probe")
+        return real(func, blocks)
+
+    def rewriter(orig, m):
+        calls.append("rewrite")
+        if len(calls) == 1:
+            return None  # declines the first add, once
+        return relax.op.subtract(m[X], m[Y])
+
+    monkeypatch.setattr(rewrite_ext._wellformed, "probe_is_well_formed", spy)
+    out = rewrite_call(ADD, rewriter, chain_of_adds(12))
+    assert [op_name(b.value) for b in out.body.blocks[0].bindings].count("subtract") == 12
+    # Pass 2 rewrote the declined add, so pass 1's probes were never worth checking.
+    assert "probe" not in calls
+
+
 @pytest.mark.parametrize("faulty", [0, 5, 11])
 def test_a_fault_in_any_probe_of_a_split_check_is_found(monkeypatch, faulty):
     monkeypatch.setattr(rewrite_ext._wellformed, "PROBE_BINDINGS", 2)
