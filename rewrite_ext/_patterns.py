@@ -65,6 +65,54 @@ def needs_bindings(pattern: P.DFPattern) -> bool:
     return True
 
 
+_DEPTH_ONE = (
+    P.WildcardPattern,
+    P.VarPattern,
+    P.GlobalVarPattern,
+    P.ExternFuncPattern,
+    P.ConstantPattern,
+    P.ExprPattern,
+    P.PrimArrPattern,
+)
+
+
+def lookup_depth(pattern: P.DFPattern) -> int | None:
+    """How many levels of var-to-value lookups matching ``pattern`` can take.
+
+    TVM's matcher replaces a var by its bound value (following var-to-var
+    chains) each time it visits a sub-pattern, then matches that
+    sub-pattern's children against the value's children: a pattern nested
+    ``d`` levels deep looks up vars at most ``d`` levels down from the
+    matched expression.  None for a pattern this does not know (a
+    ``FunctionPattern``, or a new kind): any binding may be looked up.
+    """
+    if isinstance(pattern, _WRAPPERS):
+        return lookup_depth(pattern.pattern)
+    if isinstance(pattern, (P.OrPattern, P.AndPattern)):
+        return _deepest([pattern.left, pattern.right], 0)
+    if isinstance(pattern, P.NotPattern):
+        return lookup_depth(pattern.reject)
+    if isinstance(pattern, P.CallPattern):
+        return _deepest([pattern.op, *(pattern.args or [])], 1)
+    if isinstance(pattern, (P.TuplePattern, P.UnorderedTuplePattern)):
+        return _deepest(list(pattern.fields), 1)
+    if isinstance(pattern, P.TupleGetItemPattern):
+        return _deepest([pattern.tuple], 1)
+    if isinstance(pattern, _DEPTH_ONE):
+        return 1
+    return None
+
+
+def _deepest(children: list[P.DFPattern], extra: int) -> int | None:
+    depth = 0
+    for child in children:
+        child_depth = lookup_depth(child)
+        if child_depth is None:
+            return None
+        depth = max(depth, child_depth)
+    return max(depth + extra, 1)
+
+
 def _is_leaf(pattern: P.DFPattern) -> bool:
     if isinstance(pattern, _WRAPPERS):
         return _is_leaf(pattern.pattern)

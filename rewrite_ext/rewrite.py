@@ -62,6 +62,7 @@ class _Rule:
     takes_builder: bool
     root_ops: frozenset | None
     needs_bindings: bool
+    lookup_depth: int | None
     description: str
     alternatives: tuple[tuple[DFPattern, tuple[DFPattern, ...]], ...]
     """Each alternative of a top-level OrPattern, with the Or nodes that enclose it."""
@@ -78,6 +79,7 @@ class _Rule:
             _takes_builder(rewriter),
             _patterns.root_ops(pattern),
             _patterns.needs_bindings(pattern),
+            _patterns.lookup_depth(pattern),
             _patterns.describe(pattern),
             tuple(_patterns.alternatives(pattern)),
         )
@@ -254,9 +256,13 @@ class _RewriteMutator(PyExprMutator):
             builder._begin_binding_block()
         # The matcher sees through earlier bindings of this block, as TVM's does; a binding
         # already rewritten in this pass is left out, since its old value no longer exists.
-        var2val: dict[relax.Var, relax.Expr] | None = {} if self.rule.needs_bindings else None
+        # Both keyed by hash (the object's address): a hit on a TVM object key runs its
+        # Python-level __eq__.
+        bound: dict[int, tuple[relax.Var, relax.Expr]] | None = (
+            {} if self.rule.needs_bindings else None
+        )
         # The inverse, kept alongside so each match maps values back to vars in O(match).
-        var_of: dict[relax.Expr, relax.Var] = {}
+        var_of: dict[int, relax.Var] = {}
         root_ops = self.rule.root_ops
         emit_normalized = _ir.emit_normalized
         kinds = _KINDS
@@ -269,7 +275,7 @@ class _RewriteMutator(PyExprMutator):
                     kind = _kind_of(cls)
                 if (
                     root_ops is None or (kind == _CALL and value.op in root_ops)
-                ) and self._try_rewrite(binding, value, var2val, var_of, is_dataflow):
+                ) and self._try_rewrite(binding, value, bound, var_of, is_dataflow):
                     continue
                 if kind == _HAS_BLOCKS:
                     self._visit_nested(binding)
@@ -280,9 +286,10 @@ class _RewriteMutator(PyExprMutator):
                     emit_normalized(builder, binding)
                 # Impure bindings are not seen through (TVM's matcher stops at them too): a
                 # rewriter rebuilding their value would repeat a side effect.
-                if var2val is not None and not relax.analysis.contains_impure_call(value):
-                    var2val[binding.var] = value
-                    var_of[value] = binding.var
+                if bound is not None and not relax.analysis.contains_impure_call(value):
+                    var = binding.var
+                    bound[hash(var)] = (var, value)
+                    var_of[hash(value)] = var
         except BaseException:
             builder._end_block()  # leave the builder balanced for whoever unwinds it
             raise
@@ -307,10 +314,11 @@ class _RewriteMutator(PyExprMutator):
         self,
         binding: relax.Binding,
         value: relax.Expr,
-        var2val: dict[relax.Var, relax.Expr] | None,
-        var_of: dict[relax.Expr, relax.Var],
+        bound: dict[int, tuple[relax.Var, relax.Expr]] | None,
+        var_of: dict[int, relax.Var],
         is_dataflow: bool,
     ) -> bool:
+        var2val = None if bound is None else self._bindings_for(value, bound)
         # A top-level OrPattern is tried one alternative at a time, as TVM's OrRewriter
         # does, so a rewriter that declines one alternative is offered the next.
         for alternative, enclosing in self.rule.alternatives:
@@ -503,11 +511,43 @@ class _RewriteMutator(PyExprMutator):
         self.builder_.emit_normalized(new_binding)
         return new_binding
 
+    def _bindings_for(
+        self, value: relax.Expr, bound: dict[int, tuple[relax.Var, relax.Expr]]
+    ) -> dict[relax.Var, relax.Expr]:
+        """The bindings of the block so far that matching ``value`` can look through.
+
+        TVM turns the var-to-value map it is handed into a Map of its own at
+        every match: handing it the whole block would make each match cost
+        as much as the block so far, quadratic in the block's size.  A
+        pattern ``lookup_depth`` levels deep reaches vars only that many
+        levels of values down from ``value`` (``_patterns.lookup_depth``);
+        var-to-var chains are followed to their end, as the matcher does.
+        """
+        depth = self.rule.lookup_depth
+        if depth is None:
+            return {var: val for var, val in bound.values()}
+        found: dict[int, tuple[relax.Var, relax.Expr]] = {}
+        frontier: list[relax.Expr] = [value]
+        for level in range(depth):
+            deeper: list[relax.Expr] = []
+            for expr in frontier:
+                key = hash(expr)
+                if key in found:
+                    continue  # looked through at this level or a shallower one already
+                while key in bound and key not in found:
+                    found[key] = bound[key]
+                    expr = bound[key][1]
+                    key = hash(expr)
+                if level + 1 < depth:
+                    deeper.extend(relax.analysis.free_vars(expr)[:])
+            frontier = deeper
+        return {var: val for var, val in found.values()}
+
     def _as_vars(
         self,
         matched: Mapping[DFPattern, relax.Expr],
         root: relax.Expr,
-        var_of: dict[relax.Expr, relax.Var],
+        var_of: dict[int, relax.Var],
     ) -> tuple[dict[DFPattern, relax.Expr], list[relax.Var]]:
         """Give each match as the var that binds it, never its bound value.
 
@@ -525,7 +565,7 @@ class _RewriteMutator(PyExprMutator):
         for pat, expr in matchings.items():
             if expr.same_as(root):
                 continue
-            var = var_of.get(expr)
+            var = var_of.get(hash(expr))
             if var is None:
                 continue
             matchings[pat] = var

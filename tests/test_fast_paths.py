@@ -21,16 +21,17 @@ import tvm
 from hypothesis import given
 from hypothesis import strategies as st
 from tvm import relax
-from tvm.relax.dpl import is_op, wildcard
+from tvm.relax.dpl import is_const, is_op, wildcard
 from tvm.script import ir as I
 from tvm.script import relax as R
 from tvm.script import tirx as T
 
 import rewrite_ext._ir
+import rewrite_ext._patterns
 import rewrite_ext._wellformed
 from _helpers import Snapshot, equal, op_name
 from rewrite_ext import RewriteError, rewrite_call
-from test_properties import FUNCTIONS, MORE_EXAMPLES, recipes
+from test_properties import BINARY, FUNCTIONS, MORE_EXAMPLES, UNARY, elementwise_ops, recipes
 
 X, Y = wildcard(), wildcard()
 ADD = is_op("relax.add")(X, Y)
@@ -492,3 +493,123 @@ def test_the_per_binding_ffi_handles_keep_the_gil_and_leave_tvms_own_alone():
     # TVM's handles on the same functions still release it, for everyone else.
     assert relax_ffi.BlockBuilderEmitNormalized.release_gil is True
     assert ffi_api.ArrayGetItem.release_gil is True
+
+
+# -- 4. what the matcher may look through ----------------------------------------------------
+# TVM converts the var-to-value map it is handed at every match, so each match is handed only
+# the bindings its pattern can reach (_patterns.lookup_depth levels down); with the whole block
+# every match cost as much as the block so far.  Property: the matcher sees exactly what it
+# sees with the whole block.
+
+
+@st.composite
+def nested_patterns(draw, func: relax.Function, depth: int = 3):
+    present = elementwise_ops(func) or list(UNARY + BINARY)
+
+    def call(level: int):
+        op = draw(st.sampled_from(present))
+        args = [sub(level + 1) for _ in range(1 if op in UNARY else 2)]
+        return is_op(f"relax.{op}")(*args)
+
+    def sub(level: int):
+        kinds = ["wildcard", "const", "call"] if level < depth else ["wildcard", "const"]
+        kind = draw(st.sampled_from(kinds))
+        return wildcard() if kind == "wildcard" else is_const() if kind == "const" else call(level)
+
+    return call(1)
+
+
+def matches_seen(pattern, func):
+    """Every match offered to a rewriter that declines them all: (value, its matchings)."""
+    seen = []
+
+    def rewriter(orig, m):
+        seen.append((orig, {hash(pattern): value for pattern, value in m.items()}))
+        return None
+
+    rewrite_call(pattern, rewriter, func)
+    return seen
+
+
+@MORE_EXAMPLES
+@given(FUNCTIONS, st.data())
+def test_the_bindings_handed_to_the_matcher_are_all_it_can_reach(func, data):
+    pattern = data.draw(nested_patterns(func), label="pattern")
+    limited = matches_seen(pattern, func)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(rewrite_ext._patterns, "lookup_depth", lambda pattern: None)
+        whole = matches_seen(pattern, func)
+    assert len(limited) == len(whole)
+    for (orig, matched), (orig_whole, matched_whole) in zip(limited, whole):
+        assert orig.same_as(orig_whole)
+        assert matched.keys() == matched_whole.keys()
+        assert all(value.same_as(matched_whole[key]) for key, value in matched.items())
+
+
+def test_each_match_is_handed_a_few_bindings_however_long_the_block(monkeypatch):
+    sizes: list[int] = []
+    real = tvm.relax.dpl.DFPattern.extract_matched_expr
+
+    def spy(self, expr, var2val=None):
+        sizes.append(len(var2val or {}))
+        return real(self, expr, var2val)
+
+    monkeypatch.setattr(tvm.relax.dpl.DFPattern, "extract_matched_expr", spy)
+    inner = wildcard()
+    pattern = is_op("relax.add")(is_op("relax.exp")(inner), Y)
+    out = rewrite_call(pattern, lambda orig, m: relax.op.multiply(m[inner], m[Y]), chain_of_adds(300))
+    assert [op_name(b.value) for b in out.body.blocks[0].bindings].count("multiply") == 299
+    # add(exp(lv), x): the exp binding and, one level further down, the add it reads (left out
+    # once rewritten); a second pass offers the first add again.
+    assert len(sizes) == 301 and max(sizes) <= 2
+
+
+def test_var_to_var_chains_are_looked_through_to_their_end():
+    @R.function
+    def f(x: R.Tensor((4,), "float32")):
+        with R.dataflow():
+            a = R.exp(x)
+            b = a
+            c = b
+            d = R.add(c, x)
+            R.output(d)
+        return d
+
+    inner = wildcard()
+    out = rewrite_call(
+        is_op("relax.add")(is_op("relax.exp")(inner), Y),
+        lambda orig, m: relax.op.multiply(m[inner], m[Y]),
+        f,
+    )
+    assert op_name(out.body.blocks[0].bindings[-1].value) == "multiply"
+    assert "R.multiply(x, x)" in str(out.body.blocks[0].bindings[-1].value)
+
+
+def test_the_deepest_level_of_a_pattern_still_looks_through_a_var():
+    @R.function
+    def f(x: R.Tensor((4,), "float32")):
+        with R.dataflow():
+            c = R.const(1.0, "float32")  # a var bound to a constant, four levels down
+            n = R.negative(c)
+            e = R.exp(n)
+            d = R.add(e, x)
+            R.output(d)
+        return d
+
+    deepest = is_const()
+    pattern = is_op("relax.add")(is_op("relax.exp")(is_op("relax.negative")(deepest)), Y)
+    assert rewrite_ext._patterns.lookup_depth(pattern) == 4
+    [(orig, matched)] = matches_seen(pattern, f)
+    assert isinstance(matched[hash(deepest)], relax.Var)  # c, handed over as its var
+    assert str(matched[hash(deepest)]) == "c"
+
+
+def test_lookup_depth_counts_the_levels_of_a_pattern():
+    depth = rewrite_ext._patterns.lookup_depth
+    assert depth(wildcard()) == 1 and depth(is_const()) == 1
+    assert depth(ADD) == 2
+    assert depth(is_op("relax.add")(is_op("relax.exp")(is_const()), Y)) == 3
+    assert depth(is_op("relax.exp")(X) | is_op("relax.add")(is_op("relax.exp")(X), Y)) == 3
+    assert depth(is_op("relax.exp")(X).has_dtype("float32")) == 2
+    unknown = tvm.relax.dpl.FunctionPattern([wildcard()], wildcard())
+    assert depth(is_op("relax.add")(unknown, Y)) is None  # then the whole block is handed over
