@@ -1270,3 +1270,28 @@ def test_sinking_generated_lowered_functions_keeps_their_results():
 
     check()
     assert any(peak > 1 for peak in peaks), peaks
+
+
+@R.function(pure=False)
+def waits_out_of_order(x: R.Tensor((16,), "float32"), y: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
+    storage = _storage()
+    a = _alloc(storage, 0)
+    b = _alloc(storage, 64)
+    dma_copy(x, a)
+    dma_copy(y, b)
+    c = R.add(x, y)
+    dma_wait(y, b, inflight=1)
+    dma_wait(x, a)
+    d = R.add(c, x)
+    dma_copy(x, b)
+    dma_wait(x, b)
+    return d
+
+
+def test_report_pairs_a_wait_with_the_oldest_unpaired_copy_of_the_same_transfer():
+    # The first wait names y -> b, the second copy: the pairing skips x -> a, still unpaired.
+    assert overlap_report(waits_out_of_order) == [
+        TransferOverlap("waits_out_of_order", 0, "x", "a", 3, 0),
+        TransferOverlap("waits_out_of_order", 0, "y", "b", 1, 1),
+        TransferOverlap("waits_out_of_order", 0, "x", "b", 0, 0),
+    ]

@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -758,6 +758,9 @@ def _all_blocks(expr: relax.Expr) -> Iterator[relax.BindingBlock]:
 def _block_report(function: str, bindings: list[relax.Binding]) -> list[TransferOverlap]:
     """Pair each wait of a block with the oldest unpaired copy it can belong to."""
     copies: list[tuple[int, _DMACall]] = []  # issue order
+    # Per queue, the copies not paired yet, oldest first: a wait usually pairs with the first,
+    # so pairing stays linear in the block however many copies it holds.
+    unpaired: dict[int | None, deque[tuple[int, _DMACall]]] = defaultdict(deque)
     paired: dict[int, tuple[int, _DMACall]] = {}  # copy index -> (wait index, wait)
     for index, binding in enumerate(bindings):
         dma = _dma_call(binding.value)
@@ -765,12 +768,13 @@ def _block_report(function: str, bindings: list[relax.Binding]) -> list[Transfer
             continue
         if dma.kind == "copy":
             copies.append((index, dma))
+            unpaired[dma.queue].append((index, dma))
             continue
-        for copy_index, copy in copies:
-            if copy_index in paired or copy.queue != dma.queue:
-                continue
+        waiting = unpaired[dma.queue]
+        for position, (copy_index, copy) in enumerate(waiting):
             if dma.legacy or (_same(copy.src, dma.src) and _same(copy.dst, dma.dst)):
                 paired[copy_index] = (index, dma)
+                del waiting[position]
                 break
     report = []
     for copy_index, copy in copies:
