@@ -313,27 +313,20 @@ def reads_the_first_match(faulty: int | None):
 
 def test_split_probes_vouch_for_a_well_formed_result_without_the_full_check(monkeypatch):
     func = chain_of_adds(12)
-    checked: list[relax.Function] = []
-    real = relax.analysis.well_formed
-
-    def spy(obj, *args, **kwargs):
-        checked.append(obj)
-        return real(obj, *args, **kwargs)
-
     monkeypatch.setattr(rewrite_ext._wellformed, "PROBE_BINDINGS", 2)
-    monkeypatch.setattr(relax.analysis, "well_formed", spy)
+    checked = spy_on_well_formed(monkeypatch)
     out = rewrite_call(ADD, reads_the_first_match(None), func)
 
-    real(out)
+    stub_params = [len(f.params) for f in checked]
+    assert len(checked) >= 12 and stub_params == [2] * len(checked)  # probes only: x and the stub
+    relax.analysis.well_formed(out)
     assert [op_name(b.value) for b in out.body.blocks[0].bindings[:4]] == [
         "exp", "multiply", "exp", "exp"
     ]
-    stub_params = [len(f.params) for f in checked]
-    assert len(checked) >= 12 and stub_params == [2] * len(checked)  # probes only: x and the stub
 
 
-def test_probes_are_checked_during_a_pass_that_cannot_match_again(monkeypatch):
-    """Each probe is checked as soon as it is full, while its bindings are still cached."""
+def log_probes(monkeypatch) -> list[str]:
+    """A log that gets "probe" at each probe checked, probes of 2 bindings (a match each)."""
     monkeypatch.setattr(rewrite_ext._wellformed, "PROBE_BINDINGS", 2)
     calls: list[str] = []
     real = rewrite_ext._wellformed.probe_is_well_formed
@@ -342,11 +335,18 @@ def test_probes_are_checked_during_a_pass_that_cannot_match_again(monkeypatch):
         calls.append("probe")
         return real(func, blocks)
 
+    monkeypatch.setattr(rewrite_ext._wellformed, "probe_is_well_formed", spy)
+    return calls
+
+
+def test_probes_are_checked_during_a_pass_that_cannot_match_again(monkeypatch):
+    """Each probe is checked as soon as it is full, while its bindings are still cached."""
+    calls = log_probes(monkeypatch)
+
     def rewriter(orig, m):
         calls.append("rewrite")
         return relax.op.subtract(m[X], m[Y])
 
-    monkeypatch.setattr(rewrite_ext._wellformed, "probe_is_well_formed", spy)
     rewrite_call(ADD, rewriter, chain_of_adds(12))
     assert calls.count("rewrite") == 12 and calls.count("probe") >= 6
     assert calls.index("probe") < calls.index("rewrite", 4)  # interleaved, not all after the pass
@@ -354,13 +354,7 @@ def test_probes_are_checked_during_a_pass_that_cannot_match_again(monkeypatch):
 
 def test_probes_of_a_pass_that_may_be_followed_by_another_wait_for_it(monkeypatch):
     """A declined match may be accepted in a later pass: the probes wait for the last one."""
-    monkeypatch.setattr(rewrite_ext._wellformed, "PROBE_BINDINGS", 2)
-    calls: list[str] = []
-    real = rewrite_ext._wellformed.probe_is_well_formed
-
-    def spy(func, blocks):
-        calls.append("probe")
-        return real(func, blocks)
+    calls = log_probes(monkeypatch)
 
     def rewriter(orig, m):
         calls.append("rewrite")
@@ -368,7 +362,6 @@ def test_probes_of_a_pass_that_may_be_followed_by_another_wait_for_it(monkeypatc
             return None  # declines the first add, once
         return relax.op.subtract(m[X], m[Y])
 
-    monkeypatch.setattr(rewrite_ext._wellformed, "probe_is_well_formed", spy)
     out = rewrite_call(ADD, rewriter, chain_of_adds(12))
     assert [op_name(b.value) for b in out.body.blocks[0].bindings].count("subtract") == 12
     # Pass 2 rewrote the declined add, so pass 1's probes were never worth checking.
