@@ -63,6 +63,12 @@ emit_normalized = _holding_the_gil("relax.BlockBuilderEmitNormalized")
 _CHUNK = 512
 
 
+def elements(array: Iterable) -> list:
+    """The elements of a short TVM Array (call args, tuple fields) as a list, fast."""
+    get = _ARRAY_GET_ITEM
+    return [get(array, i) for i in range(len(array))]
+
+
 def bindings_of(block: relax.BindingBlock) -> Iterator[relax.Binding]:
     """The bindings of ``block``, fast.
 

@@ -216,7 +216,7 @@ def _may_hold_memory(ty: object) -> bool:
     if isinstance(ty, (relax.ShapeType, tvm.ir.PrimType)):
         return False
     if isinstance(ty, relax.TupleType):
-        return any(_may_hold_memory(field) for field in ty.fields)
+        return any(_may_hold_memory(field) for field in _ir.elements(ty.fields))
     return True
 
 
@@ -245,7 +245,7 @@ def _leaf_fact(expr: relax.Expr, facts: dict[relax.Var, AliasFact]) -> AliasFact
         # A var not seen yet (a local function calling itself) may be anything.
         return facts.get(expr, _fact(Region(ANYTHING)))
     if isinstance(expr, relax.Tuple):
-        return _union(_leaf_fact(field, facts) for field in expr.fields)
+        return _union(_leaf_fact(field, facts) for field in _ir.elements(expr.fields))
     if isinstance(expr, relax.TupleGetItem):
         return _leaf_fact(expr.tuple_value, facts)  # any field: conservative
     if isinstance(expr, (relax.Call, relax.If, relax.SeqExpr, relax.Function)):
@@ -283,7 +283,7 @@ class _FactWalker:
         if not isinstance(seq, relax.SeqExpr):
             return self.of(seq)
         for block in seq.blocks:
-            for binding in block.bindings:
+            for binding in _ir.bindings_of(block):
                 fact = self.value(binding.var, binding.value)
                 self.facts[binding.var] = fact if _may_hold_memory(binding.var.ty) else _NOTHING
         return self.of(seq.body)
@@ -308,7 +308,7 @@ class _FactWalker:
 
     def call(self, var: relax.Var, call: relax.Call) -> AliasFact:
         name = _op_name(call)
-        args = [self.of(arg) for arg in call.args]
+        args = [self.of(arg) for arg in _ir.elements(call.args)]
         if name in _ALLOC_STORAGE_OPS:
             return _fact(Region(self._new_root("storage", _ir.var_name(var))))
         if name in _ALLOC_TENSOR_OPS:
@@ -448,7 +448,7 @@ def _effect(value: relax.Expr, facts: dict[relax.Var, AliasFact]) -> _Effect:
             return _Effect()  # completes a transfer; reads and writes nothing itself
         return _Effect(reads=of(dma.src), writes=of(dma.dst))
     name = _op_name(value)
-    args = _union(of(arg) for arg in value.args)
+    args = _union(of(arg) for arg in _ir.elements(value.args))
     if name is not None and name not in _IN_PLACE_OPS and _is_pure_op(name):
         if name in _ALLOC_TENSOR_OPS or name in _ALLOC_STORAGE_OPS:
             return _Effect()  # placing a tensor in a storage does not touch its bytes
@@ -464,7 +464,7 @@ def _nested_bindings(expr: relax.Expr) -> Iterator[relax.Binding]:
         yield from _nested_bindings(expr.false_branch)
     elif isinstance(expr, relax.SeqExpr):
         for block in expr.blocks:
-            for binding in block.bindings:
+            for binding in _ir.bindings_of(block):
                 yield binding
                 yield from _nested_bindings(binding.value)
 
@@ -611,7 +611,7 @@ class _SinkWaits(PyExprMutator):
         self.changed = False
 
     def visit_binding_block_(self, block: relax.BindingBlock) -> relax.BindingBlock:
-        planned = _plan_block(list(block.bindings), self.facts, self.used)
+        planned = _plan_block(list(_ir.bindings_of(block)), self.facts, self.used)
         if planned is None:
             return super().visit_binding_block_(block)
         self.changed = True
@@ -751,7 +751,7 @@ def _all_blocks(expr: relax.Expr) -> Iterator[relax.BindingBlock]:
     elif isinstance(expr, relax.SeqExpr):
         for block in expr.blocks:
             yield block
-            for binding in block.bindings:
+            for binding in _ir.bindings_of(block):
                 yield from _all_blocks(binding.value)
 
 
@@ -821,7 +821,7 @@ def overlap_report(target: relax.Function | tvm.IRModule) -> list[TransferOverla
     report: list[TransferOverlap] = []
     for name, func in functions:
         for block in _all_blocks(func):
-            report.extend(_block_report(name, list(block.bindings)))
+            report.extend(_block_report(name, list(_ir.bindings_of(block))))
     return report
 
 
