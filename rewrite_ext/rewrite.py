@@ -397,7 +397,7 @@ class _RewriteMutator(PyExprMutator):
                 self.new_bindings = None
                 return
             symbolic = None
-            for var in relax.analysis.free_vars(new_value)[:]:
+            for var in _ir.elements(relax.analysis.free_vars(new_value)):
                 key = hash(var)
                 where = self.new_defined.get(key)
                 if where is None and key in self.params:
@@ -411,11 +411,12 @@ class _RewriteMutator(PyExprMutator):
                     # TVM 0.27's free_vars also lists symbolic (shape) vars; whether those are
                     # defined is for well_formed to say, on the probe or the whole function.
                     if symbolic is None:
-                        symbolic = {hash(v) for v in relax.analysis.free_symbolic_vars(new_value)[:]}
+                        free_symbolic = relax.analysis.free_symbolic_vars(new_value)
+                        symbolic = {hash(v) for v in _ir.elements(free_symbolic)}
                     if key in symbolic:
                         continue
                     if original is None:
-                        original = {hash(v) for v in relax.analysis.free_vars(value)[:]}
+                        original = {hash(v) for v in _ir.elements(relax.analysis.free_vars(value))}
                     where = index if key in original else self._input_block_before(binding, var)
                     if where is None and self.new_bindings is None:
                         return  # the input binds some var twice: only the full check can tell
@@ -539,7 +540,7 @@ class _RewriteMutator(PyExprMutator):
                     expr = bound[key][1]
                     key = hash(expr)
                 if level + 1 < depth:
-                    deeper.extend(relax.analysis.free_vars(expr)[:])
+                    deeper.extend(_ir.elements(relax.analysis.free_vars(expr)))
             frontier = deeper
         return {var: val for var, val in found.values()}
 
@@ -612,7 +613,7 @@ class _RewriteMutator(PyExprMutator):
             else:
                 new_value = None
         finally:
-            emitted = builder._end_block().bindings[:]
+            emitted = _ir.elements(builder._end_block().bindings)
         return emitted, new_value
 
     def _check_result(
