@@ -90,14 +90,20 @@ class _PassResult:
     """What one rewriting pass over a function did."""
 
     func: relax.Function
-    rewritten: list[str] = field(default_factory=list)
-    """Names of the binding vars whose value the rewriter replaced."""
+    rewritten: int = 0
+    """How many bindings had their value replaced by the rewriter."""
+    first_rewritten: list[str] = field(default_factory=list)
+    """The names of the first few of those bindings' vars, for messages."""
     interior: list[relax.Var] = field(default_factory=list)
     """Pure bindings seen through by a match, to drop if nothing reads them."""
     may_rematch: bool = True
     """False when nothing this pass produced can match, so no further pass can rewrite."""
     new_bindings: list[list[_wellformed.NewBindings]] | None = None
     """The bindings added, as probes (each per top-level block), when the local check can vouch."""
+
+
+_NAMES_SHOWN = 10
+"""Bindings a non-convergence message names."""
 
 
 @dataclass
@@ -156,7 +162,11 @@ class _RewriteMutator(PyExprMutator):
         #   new_defined: each var a new binding defines -> its top-level block;
         # - new_bindings: per top-level block, what the pass added to the current probe (None:
         #   the full check only); probes: the filled probes left for after the pass;
-        # - probed: the vars the current probe defines already, probe_size its bindings.
+        # - probed: each var -> the last probe (numbered by probe_number) that defines it or
+        #   stubs it (the parameters are in every probe); probe_size: the current probe's
+        #   bindings.  One dict for the whole pass: a fresh set per probe would be resized
+        #   past 1 KB several times per probe, and each such allocation makes glibc
+        #   consolidate its free lists.
         # Vars are kept as hash(var), the object's address (unique while the IR holds it):
         # membership of a var object runs TVM's Python-level Expr.__eq__ on every hit.
         self.check_locally = check_locally
@@ -166,7 +176,8 @@ class _RewriteMutator(PyExprMutator):
         self.new_defined: dict[int, int] = {}
         self.new_bindings: dict[int, _wellformed.NewBindings] | None = None
         self.probes: list[list[_wellformed.NewBindings]] = []
-        self.probed: set[int] = set()
+        self.probed: dict[int, int] = {}
+        self.probe_number = 0
         self.probe_size = 0
         self.in_module = mod is not None
 
@@ -360,7 +371,10 @@ class _RewriteMutator(PyExprMutator):
             self.suspended -= 1
         if self.block_index >= 0 and self.new_bindings is not None:
             self._note_new_bindings(binding, value, matchings, [*emitted, replacement], is_dataflow)
-        self.result.rewritten.append(_ir.var_name(binding.var))
+        result = self.result
+        result.rewritten += 1
+        if result.rewritten <= _NAMES_SHOWN:
+            result.first_rewritten.append(_ir.var_name(binding.var))
         return True
 
     def _note_new_bindings(
@@ -388,6 +402,7 @@ class _RewriteMutator(PyExprMutator):
         entry = self.new_bindings.get(index)
         if entry is None:
             entry = self.new_bindings[index] = _wellformed.NewBindings(is_dataflow)
+        probed, probe_number = self.probed, self.probe_number
         handed: set[int] | None = None
         original: set[int] | None = None
         for new_binding in new:
@@ -428,8 +443,8 @@ class _RewriteMutator(PyExprMutator):
                         + (" in the same DataflowBlock" if where is not None else "")
                         + "; use the vars in matchings, or what builder.emit returned",
                     )
-                if key not in self.probed:
-                    self.probed.add(key)
+                if key not in self.params and probed.get(key) != probe_number:
+                    probed[key] = probe_number
                     entry.reads.append(var)
                     self.probe_size += 1
             var = new_binding.var
@@ -450,7 +465,7 @@ class _RewriteMutator(PyExprMutator):
                         "makes a fresh var",
                     )
                 self.new_defined[hash(var)] = index
-            self.probed.add(hash(var))
+            probed[hash(var)] = probe_number
         entry.bindings.extend(new)
         self.probe_size += len(new)
 
@@ -488,7 +503,7 @@ class _RewriteMutator(PyExprMutator):
                 self.new_bindings = None
                 return
         self.new_bindings = {}
-        self.probed = set(self.params)
+        self.probe_number += 1
         self.probe_size = 0
 
     def _emit_replacement(self, binding: relax.Binding, new_value: relax.Expr) -> relax.Binding:
@@ -710,8 +725,8 @@ def _rewrite_function(
         # Every allowed pass rewrote something: one more scan tells converged from not.
         scan = _one_pass(rule, current, name, mod, check_locally=False)
         if scan.rewritten:
-            shown = ", ".join(f"'{v}'" for v in scan.rewritten[:10])
-            more = f" and {len(scan.rewritten) - 10} more" if len(scan.rewritten) > 10 else ""
+            shown = ", ".join(f"'{v}'" for v in scan.first_rewritten)
+            more = f" and {scan.rewritten - _NAMES_SHOWN} more" if scan.rewritten > _NAMES_SHOWN else ""
             raise RewriteError(
                 f"rewrite_ext: in function '{name}', pattern {rule.description}: did not converge "
                 f"after max_iterations={max_iterations} passes; bindings still matching: "

@@ -172,6 +172,29 @@ def test_rule_that_never_converges_is_an_error_naming_the_bindings_that_keep_mat
     assert "'b'" in message and "'c'" not in message and "max_iterations=3" in message
 
 
+def test_a_non_convergence_message_names_the_first_ten_bindings_and_counts_the_rest():
+    builder = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4,), "float32"))
+    y = relax.Var("y", relax.TensorType((4,), "float32"))
+    with builder.function("many_adds", [x, y]):
+        with builder.dataflow():
+            out = x
+            for i in range(13):
+                out = builder.emit(relax.op.add(out, y), name_hint=f"s{i}")
+            out = builder.emit_output(out)
+        builder.emit_func_output(out)
+    func = builder.get()["many_adds"]
+
+    def swap(orig, m):
+        return relax.op.add(m[Y], m[X])
+
+    with pytest.raises(RewriteError, match="did not converge") as info:
+        rewrite_call(ADD, swap, func, max_iterations=2)
+    message = str(info.value)
+    assert all(f"'s{i}'" in message for i in range(10)), message
+    assert "'s10'" not in message and "and 3 more" in message, message
+
+
 def test_a_structurally_equal_rebuild_counts_as_no_change_and_converges():
     def sort_operands(orig, m):
         lhs, rhs = sorted([m[X], m[Y]], key=lambda v: v.name)
