@@ -10,10 +10,12 @@ runs (the two sides of a row are run alternately, so a load change on the
 machine hits both):
 
 0. Scaling, measured before anything else: rewrite_ext's add -> subtract (see
-   1.) and the identity mutator (see 2.) on a 10k and then a 100k chain, for
-   time(100k) / time(10k).  Measured apart because in 1. the 10k figures run
-   alternately with TVM's rewrite_call, which leaves the heap slower for what
-   runs after it, while rewrite_ext at 100k runs alone.
+   1.), the identity mutator and rewrite_ext's never-matching pattern (see 2.)
+   on a 10k and a 100k chain, for time(100k) / time(10k), in paired rounds
+   (10k then 100k, seconds apart; the median of the rounds' ratios).  Measured
+   apart because in 1. the 10k figures run alternately with TVM's rewrite_call,
+   which leaves the heap slower for what runs after it, while rewrite_ext at
+   100k runs alone.
 
 1. A pure chain of N bindings (1k, 10k, 30k, 100k; 30k not in --quick) in one
    DataflowBlock, every 10th an ``R.add`` (the rest ``R.multiply`` / ``R.exp``),
@@ -47,6 +49,7 @@ import time
 from collections.abc import Callable
 
 import tvm
+import tvm_ffi
 from tvm import relax
 from tvm.ir import Op
 from tvm.relax.dpl import is_op, wildcard
@@ -61,6 +64,8 @@ SIZES = (1_000, 10_000, 30_000, 100_000)  # 30k: full runs only, to show the sha
 QUICK_SIZES = (1_000, 10_000, 100_000)
 COPY_SIZES = (1_000, 10_000)
 SCALING_SIZES = (10_000, 100_000)
+TVM_100K_COST = "3 ms/binding, 6 min a run"
+SMALL_RUNS_PER_ROUND = 3  # runs of the 10k chain per side in each round of section 0
 
 # -- inputs ------------------------------------------------------------------------------
 
@@ -179,15 +184,29 @@ class HandWrittenDMA(PyExprMutator):
 
 
 def run_once(fn: Callable[[], object]) -> float:
+    return timed(fn)[0]
+
+
+def timed(fn: Callable[[], object]) -> tuple[float, object]:
+    """One run's time, and what it returned (for the equality check before the other runs)."""
     gc.collect()
     start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+    out = fn()
+    return time.perf_counter() - start, out
 
 
-def alternate(fns: list[Callable[[], object]], repeats: list[int]) -> list[float]:
-    """Medians, running the sides in turn (side i gets repeats[i] runs)."""
-    times: list[list[float]] = [[] for _ in fns]
+def alternate(
+    fns: list[Callable[[], object]], repeats: list[int], first: list[float] | None = None
+) -> list[float]:
+    """Medians, running the sides in turn (side i gets repeats[i] runs).
+
+    ``first``: a run of each side already timed (the one whose output was
+    checked), counted as one of its runs.  The median keeps a first run's
+    warm-up from deciding a figure.
+    """
+    times: list[list[float]] = [[t] for t in first] if first else [[] for _ in fns]
+    if first:
+        repeats = [k - 1 for k in repeats]
     for r in range(max(repeats)):
         for i, fn in enumerate(fns):
             if r < repeats[i]:
@@ -195,8 +214,11 @@ def alternate(fns: list[Callable[[], object]], repeats: list[int]) -> list[float
     return [statistics.median(t) for t in times]
 
 
+_STARTED = time.perf_counter()
+
+
 def progress(what: str) -> None:
-    print(f"# ... {what}", file=sys.stderr, flush=True)
+    print(f"# ... {time.perf_counter() - _STARTED:5.1f} s: {what}", file=sys.stderr, flush=True)
 
 
 def us_per(seconds: float, n: int) -> float:
@@ -262,10 +284,20 @@ def main(argv: list[str] | None = None) -> int:
     # 0. Scaling, measured first: the 10k figures of section 1 run alternately with TVM's
     # rewrite_call, whose allocations leave the heap slower for whatever runs next, while
     # rewrite_ext at 100k runs alone; a ratio of those two would flatter the 100k side.
-    scaling = {n: measure_scaling(n, repeats) for n in SCALING_SIZES}
+    scaling = measure_scaling(repeats)
 
     # One chain alive at a time: a 100k chain left in memory slows the 10k figures (caches).
     for n in QUICK_SIZES if args.quick else SIZES:
+        if args.quick and n in SCALING_SIZES[1:]:
+            # Section 0 timed all three sides on this chain (checked there): reuse its runs.
+            note = f"{repeats}/0  section 0's runs; TVM skipped (--quick): {TVM_100K_COST}"
+            rows["match"].append((n, n, scaling["ext"][n], None, note))
+            results[("ext", n)] = scaling["ext"][n]
+            results[("never", n)] = scaling["never"][n]
+            results[("identity", n)] = scaling["identity"][n]
+            runs = f"{repeats}/{repeats}  section 0's runs"
+            rows["never"].append((n, n, scaling["never"][n], scaling["identity"][n], runs))
+            continue
         progress(f"chain of {n} bindings")
         func = make_chain(n)
         reps = repeats
@@ -276,23 +308,25 @@ def main(argv: list[str] | None = None) -> int:
         if n >= 100_000 and not tvm_100k:
             # Alone on its row, rewrite_ext would be measured as section 0 measured it
             # (checked against the hand-written rewrite there): those runs are reused.
-            t_ours = scaling[n]["ext"]
-            why = "--quick" if args.quick else "--skip-tvm-100k"
-            note = f"{reps}/0  section 0's runs; TVM skipped ({why}): 3 ms/binding, 6 min a run"
+            t_ours = scaling["ext"][n]
+            note = f"{reps}/0  section 0's runs; TVM skipped (--skip-tvm-100k): {TVM_100K_COST}"
             rows["match"].append((n, n, t_ours, None, note))
         else:
-            # Checked first; at 100k that single TVM run (minutes) is also its one timing.
-            t0 = time.perf_counter()
-            reference = theirs()
-            t_first = time.perf_counter() - t0
-            tvm.ir.assert_structural_equal(ours(), reference)
-            del reference
+            # Checked first; the checked runs count as timed runs (at 100k TVM's single run,
+            # minutes, is its one timing).  TVM's runs with nothing else alive, ours beside
+            # TVM's output: if that costs anything, it costs rewrite_ext.
+            t_first, reference = timed(theirs)
+            t_first_ours, out = timed(ours)
+            tvm.ir.assert_structural_equal(out, reference)
+            del reference, out
             if n >= 100_000:
-                (t_ours,) = alternate([ours], [reps])
+                (t_ours,) = alternate([ours], [reps], first=[t_first_ours])
                 t_theirs = t_first
                 runs = f"{reps}/1  TVM: a single run (the equality check's)"
             else:
-                t_ours, t_theirs = alternate([ours, theirs], [reps, reps])
+                t_ours, t_theirs = alternate(
+                    [ours, theirs], [reps, reps], first=[t_first_ours, t_first]
+                )
                 runs = f"{reps}/{reps}"
             results[("tvm", n)] = t_theirs
             rows["match"].append((n, n, t_ours, t_theirs, runs))
@@ -325,12 +359,14 @@ def main(argv: list[str] | None = None) -> int:
         bindings = count_bindings(func)
         ours = lambda func=func: dma.copy_to_dma(func)
         hand = lambda func=func: HandWrittenDMA().visit_expr(func)
-        out_ours, out_hand = ours(), hand()
+        # The comparator's checked run first, with nothing else alive; ours runs beside its output.
+        first_hand, out_hand = timed(hand)
+        first_ours, out_ours = timed(ours)
         tvm.ir.assert_structural_equal(out_ours, out_hand)
         assert count_bindings(out_ours) == bindings + n
         del out_ours, out_hand
         reps = repeats
-        t_ours, t_hand = alternate([ours, hand], [reps, reps])
+        t_ours, t_hand = alternate([ours, hand], [reps, reps], first=[first_ours, first_hand])
         results[("dma", n)] = t_ours
         results[("hand", n)] = t_hand
         row(n, bindings, t_ours, t_hand, f"{reps}/{reps}  (N = copies)")
@@ -340,18 +376,24 @@ def main(argv: list[str] | None = None) -> int:
     ratio_10k = results[("ext", 10_000)] / results[("tvm", 10_000)]
     never_10k = results[("never", 10_000)] / results[("identity", 10_000)]
     never_100k = results[("never", 100_000)] / results[("identity", 100_000)]
-    small, big = (scaling[n] for n in SCALING_SIZES)
-    scale = big["ext"] / small["ext"]
-    scale_floor = big["identity"] / small["identity"]
+    ext, floor = scaling["ext"], scaling["identity"]
+    scale, scale_floor = ext["ratio"], floor["ratio"]
     print(
-        f"SCALING (measured first, before any TVM run) us/b at 10k -> 100k: "
-        f"rewrite_ext match {us_per(small['ext'], 10_000):.2f} -> "
-        f"{us_per(big['ext'], 100_000):.2f}, identity-mutator floor "
-        f"{us_per(small['identity'], 10_000):.2f} -> {us_per(big['identity'], 100_000):.2f}"
+        f"SCALING (measured first, before any TVM run; medians over {repeats} rounds) us/b at "
+        f"10k -> 100k: rewrite_ext match {us_per(ext[10_000], 10_000):.2f} -> "
+        f"{us_per(ext[100_000], 100_000):.2f}, identity-mutator floor "
+        f"{us_per(floor[10_000], 10_000):.2f} -> {us_per(floor[100_000], 100_000):.2f}"
     )
     print(
-        f"SCALING time(100k)/time(10k): rewrite_ext match {scale:.1f}, identity-mutator floor "
-        f"{scale_floor:.1f} (10.0 = linear); rewrite_ext / floor {scale / scale_floor:.2f}"
+        "SCALING time(100k)/time(10k) of each round: rewrite_ext match "
+        + " ".join(f"{r:.1f}" for r in ext["ratios"])
+        + "; identity-mutator floor "
+        + " ".join(f"{r:.1f}" for r in floor["ratios"])
+    )
+    print(
+        f"SCALING time(100k)/time(10k), median of the rounds: rewrite_ext match {scale:.1f}, "
+        f"identity-mutator floor {scale_floor:.1f} (10.0 = linear); "
+        f"rewrite_ext / floor {scale / scale_floor:.2f}"
     )
     table_scale = results[("ext", 100_000)] / results[("ext", 10_000)]
     table_never = results[("never", 100_000)] / results[("never", 10_000)]
@@ -377,23 +419,68 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def scaling_sides(func: relax.Function) -> dict[str, Callable[[], relax.Function]]:
-    """The two sides of the scaling figure on ``func``: rewrite_ext's add -> subtract, the floor."""
+    """What section 0 times on ``func``: rewrite_ext's add -> subtract, the floor, and
+    rewrite_ext with the never-matching pattern (section 2's figure, reused by --quick)."""
     return {
         "rewrite_ext": lambda: rewrite_ext.rewrite_call(ADD_PATTERN, add_to_subtract, func),
         "identity": lambda: Identity().visit_expr(func),
+        "never": lambda: rewrite_ext.rewrite_call(NEVER_PATTERN, add_to_subtract, func),
     }
 
 
-def measure_scaling(n: int, repeats: int) -> dict[str, float]:
-    """Median times of rewrite_ext (add -> subtract) and the identity floor on one chain."""
-    progress(f"scaling: chain of {n} bindings")
-    func = make_chain(n)
-    sides = scaling_sides(func)
-    tvm.ir.assert_structural_equal(sides["rewrite_ext"](), add_to_subtract_by_hand(func))
-    t_ours, t_floor = alternate([sides["rewrite_ext"], sides["identity"]], [repeats, repeats])
-    del func, sides
-    gc.collect()
-    return {"ext": t_ours, "identity": t_floor}
+def measure_scaling(rounds: int) -> dict[str, dict]:
+    """Time ``scaling_sides`` on a 10k and a 100k chain, in paired rounds.
+
+    Each round builds the 10k chain, times it (median of ``SMALL_RUNS_PER_ROUND``
+    runs per side: a run is 10x shorter than a 100k run, so noisier) and frees
+    it, then does the same with the 100k chain (one run per side), all within a
+    few seconds.  The machine's speed drifts by tens of percent over minutes:
+    timing all 10k runs and then all 100k runs let a drift between the two decide
+    the ratio either way (5.2 and 14.1 were printed for the same code).  A round's
+    ratio pairs runs made seconds apart; the figure is the median over rounds.
+    One chain is alive at a time: with a 100k chain in memory the 10k runs are
+    slower (8% for rewrite_ext, 60% for the identity mutator, measured), which
+    would flatter the ratio.
+    """
+    small, big = SCALING_SIZES
+    names = {"ext": "rewrite_ext", "identity": "identity", "never": "never"}
+    times: dict[str, dict[int, list[float]]] = {
+        side: {n: [] for n in SCALING_SIZES} for side in names
+    }
+    for r in range(rounds):
+        progress(f"scaling: round {r + 1} of {rounds}")
+        for n, runs in ((small, SMALL_RUNS_PER_ROUND), (big, 1)):
+            func = make_chain(n)
+            sides = scaling_sides(func)
+            if r == 0:
+                # The first round's first runs are checked, by structural hash: an expected
+                # 100k output kept alive would slow the runs it is compared with.
+                expected = {
+                    "ext": tvm_ffi.structural_hash(add_to_subtract_by_hand(func)),
+                    "identity": tvm_ffi.structural_hash(func),
+                    "never": tvm_ffi.structural_hash(func),
+                }
+            samples: dict[str, list[float]] = {side: [] for side in names}
+            for k in range(runs):
+                for side, name in names.items():
+                    t, out = timed(sides[name])
+                    if r == 0 and k == 0 and tvm_ffi.structural_hash(out) != expected[side]:
+                        raise AssertionError(f"section 0: {name} on the {n} chain: wrong output")
+                    del out
+                    samples[side].append(t)
+            for side, ts in samples.items():
+                times[side][n].append(statistics.median(ts))
+            del func, sides
+            gc.collect()
+    result: dict[str, dict] = {}
+    for side, by_size in times.items():
+        ratios = [b / s for s, b in zip(by_size[small], by_size[big])]
+        result[side] = {
+            "ratio": statistics.median(ratios),
+            "ratios": ratios,
+            **{n: statistics.median(t) for n, t in by_size.items()},
+        }
+    return result
 
 
 def add_to_subtract_by_hand(func: relax.Function) -> relax.Function:

@@ -64,3 +64,21 @@ def test_the_instruction_count_runner_does_the_work_of_the_scaling_figure():
     assert run_chain.run("rewrite_ext", 25, 0) is None  # the baseline run only builds the chain
     with pytest.raises(SystemExit):
         run_chain.main(["tvm", "25", "1"])  # only the two sides of the scaling figure
+
+
+def test_the_scaling_figure_pairs_the_two_sizes_round_by_round(monkeypatch):
+    monkeypatch.setattr(bench, "SCALING_SIZES", (20, 200))
+    monkeypatch.setattr(bench, "SMALL_RUNS_PER_ROUND", 2)
+    figure = bench.measure_scaling(3)
+    assert set(figure) == {"ext", "identity", "never"}
+    for side in figure.values():
+        assert len(side["ratios"]) == 3  # one ratio per round, not one of two medians
+        assert side["ratio"] == sorted(side["ratios"])[1]
+        assert side[20] > 0 and side[200] > 0
+
+
+def test_the_scaling_figure_checks_what_it_times(monkeypatch):
+    monkeypatch.setattr(bench, "SCALING_SIZES", (20, 200))
+    monkeypatch.setattr(bench, "add_to_subtract_by_hand", lambda func: func)  # expects no rewrite
+    with pytest.raises(AssertionError, match="rewrite_ext on the 20 chain"):
+        bench.measure_scaling(1)
