@@ -82,3 +82,16 @@ def test_the_scaling_figure_checks_what_it_times(monkeypatch):
     monkeypatch.setattr(bench, "add_to_subtract_by_hand", lambda func: func)  # expects no rewrite
     with pytest.raises(AssertionError, match="rewrite_ext on the 20 chain"):
         bench.measure_scaling(1)
+
+
+def test_the_scaling_figure_checks_the_sides_that_should_change_nothing(monkeypatch):
+    monkeypatch.setattr(bench, "SCALING_SIZES", (20, 200))
+    sides = bench.scaling_sides
+
+    def never_rewrites_anyway(func):
+        # The never-matching side wrongly rewriting: a new function, not the input handed back.
+        return {**sides(func), "never": sides(func)["rewrite_ext"]}
+
+    monkeypatch.setattr(bench, "scaling_sides", never_rewrites_anyway)
+    with pytest.raises(AssertionError, match="never on the 20 chain"):
+        bench.measure_scaling(1)
