@@ -139,6 +139,19 @@ def _plain_dim(dim: object) -> bool:
     return isinstance(dim, (tvm.tirx.IntImm, tvm.tirx.Var))
 
 
+def checks_purity(func: relax.Function) -> bool:
+    """Whether ``func`` is pure and TVM checks it: ``is_pure`` without ``relax.force_pure``.
+
+    TVM's lowering passes leave functions ``is_pure`` with the attribute
+    ``relax.force_pure``; ``relax.analysis.well_formed`` accepts impure calls
+    in such a function's plain blocks.
+    """
+    if not func.is_pure:
+        return False
+    attrs = func.attrs
+    return not (attrs is not None and "relax.force_pure" in attrs and bool(attrs["relax.force_pure"]))
+
+
 def function_name(func: relax.Function, default: str = "<anonymous function>") -> str:
     """The function's ``global_symbol``, or ``default`` when it has none."""
     attrs = func.attrs

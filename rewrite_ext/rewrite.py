@@ -197,7 +197,7 @@ class _RewriteMutator(PyExprMutator):
         if not _ir.is_flat(func):
             return self.visit_expr(func)
         builder = self.builder_
-        self.scopes.append(_Scope(self.top_name, bool(func.is_pure)))
+        self.scopes.append(_Scope(self.top_name, _ir.checks_purity(func)))
         self.params = {hash(param) for param in func.params}
         self.probes = []
         self._start_probe()
@@ -233,7 +233,7 @@ class _RewriteMutator(PyExprMutator):
 
     def visit_function_(self, func: relax.Function) -> relax.Expr:
         name = self.top_name if not self.scopes else f"{self.top_name} (local function)"
-        self.scopes.append(_Scope(name, bool(func.is_pure)))
+        self.scopes.append(_Scope(name, _ir.checks_purity(func)))
         try:
             return super().visit_function_(func)
         finally:
