@@ -11,6 +11,17 @@ from __future__ import annotations
 
 from . import ops
 from .errors import RewriteError
-from .rewrite import RewriteCall, Rewriter, rewrite_call
+from .rewrite import RewriteCall, RewriteRules, apply_rules, rewrite_call
+from .rule import Decline, Rewriter, Rule
 
-__all__ = ["RewriteCall", "RewriteError", "Rewriter", "ops", "rewrite_call"]
+__all__ = [
+    "Decline",
+    "RewriteCall",
+    "RewriteError",
+    "RewriteRules",
+    "Rewriter",
+    "Rule",
+    "apply_rules",
+    "ops",
+    "rewrite_call",
+]

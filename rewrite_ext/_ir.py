@@ -1,4 +1,4 @@
-"""Small stateless helpers over Relax IR used by the rewriting driver."""
+"""Small stateless helpers over Relax IR used by the traversal and the Hexagon rewrites."""
 
 from __future__ import annotations
 
@@ -85,58 +85,60 @@ def bindings_of(block: relax.BindingBlock) -> Iterator[relax.Binding]:
         yield from [get(bindings, i) for i in range(start, min(start + _CHUNK, size))]
 
 
-def set_type(expr: relax.Expr, ty: object) -> None:
-    """Give a freshly built ``expr`` its type without normalizing it.
+def replace_bound(expr: relax.Expr, bound: dict[int, relax.Var]) -> relax.Expr:
+    """``expr`` with each sub-expression that *is* a key of ``bound`` replaced by its var.
 
-    ``BlockBuilder.normalize`` of a SeqExpr walks every binding again; when
-    the type is already known (a body rebuilt around the same output var)
-    that walk is pure cost.  TVM's Python API has this only as the private
-    ``tvm.relax.expr._update_type`` (in 0.26 and 0.27 alike).
+    ``bound`` maps ``hash(value)`` (the object's handle) to the var bound to
+    that very value earlier in the block.  Only calls, tuples and tuple
+    projections are looked into: normalized Relax keeps nested values there.
     """
-    _update_type(expr, ty)
+    var = bound.get(hash(expr))
+    if var is not None:
+        return var
+    cls = type(expr)
+    if cls is relax.Call:
+        args = elements(expr.args)
+        new_args = [replace_bound(arg, bound) for arg in args]
+        if any(not new.same_as(old) for new, old in zip(new_args, args)):
+            return relax.Call(expr.op, new_args, expr.attrs, expr.ty_args, expr.span)
+    elif cls is relax.Tuple:
+        fields = elements(expr.fields)
+        new_fields = [replace_bound(field, bound) for field in fields]
+        if any(not new.same_as(old) for new, old in zip(new_fields, fields)):
+            return relax.Tuple(new_fields, expr.span)
+    elif cls is relax.TupleGetItem:
+        inner = replace_bound(expr.tuple_value, bound)
+        if not inner.same_as(expr.tuple_value):
+            return relax.TupleGetItem(inner, expr.index, expr.span)
+    return expr
 
 
-def is_flat(func: relax.Function) -> bool:
-    """Whether ``func`` can be rebuilt block by block, without TVM's mutator around it.
+_OP_IS_PURE: dict[int, bool] = {}
+_CONTAINS_IMPURE = relax.analysis.contains_impure_call
 
-    Its body must end in a leaf (a var, a constant, or a tuple of those), and
-    its parameter shapes must be constants or plain symbolic vars: TVM's
-    mutator also assumes compound shape expressions of the parameters to be
-    non-negative while it normalizes, which the Python BlockBuilder API cannot
-    do.  Bindings holding an If or a local function are fine (they go
-    through the mutator one by one).
+
+def is_impure(value: relax.Expr) -> bool:
+    """Whether evaluating ``value`` may have a side effect (TVM's ``contains_impure_call``).
+
+    A call of an op, the common case, is judged by the op's ``FPurity``,
+    looked up once per op; anything else asks TVM.
     """
-    body = func.body
-    if not isinstance(body, relax.SeqExpr) or not _is_leaf(body.body):
+    if type(value) is relax.Call:
+        op = value.op
+        if isinstance(op, tvm.ir.Op):
+            key = hash(op)
+            pure = _OP_IS_PURE.get(key)
+            if pure is None:
+                pure = _OP_IS_PURE[key] = bool(op.get_attr("FPurity"))
+            if pure:
+                return False
+    elif isinstance(value, _LEAVES):
         return False
-    return all(_plain_type(param.ty) for param in func.params)
+    return bool(_CONTAINS_IMPURE(value))
 
 
 # relax.Constant in TVM 0.26; 0.27 moved constants to tvm.ir (GenericConst and friends).
 _LEAVES = (relax.Var, getattr(relax, "Constant", None) or tvm.ir.expr.Constant)
-
-
-def _is_leaf(expr: relax.Expr) -> bool:
-    if isinstance(expr, relax.Tuple):
-        return all(isinstance(field, _LEAVES) for field in expr.fields)
-    return isinstance(expr, _LEAVES)
-
-
-def _plain_type(ty: object) -> bool:
-    if isinstance(ty, relax.TensorType):
-        shape = ty.shape
-        return shape is None or (
-            isinstance(shape, relax.ShapeExpr) and all(map(_plain_dim, shape.values))
-        )
-    if isinstance(ty, relax.ShapeType):
-        return ty.values is None or all(map(_plain_dim, ty.values))
-    if isinstance(ty, relax.TupleType):
-        return all(map(_plain_type, ty.fields))
-    return isinstance(ty, (relax.ObjectType, relax.PrimType))
-
-
-def _plain_dim(dim: object) -> bool:
-    return isinstance(dim, (tvm.tirx.IntImm, tvm.tirx.Var))
 
 
 def checks_purity(func: relax.Function) -> bool:

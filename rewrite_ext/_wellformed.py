@@ -1,137 +1,122 @@
-"""Checking that a rewrite left a function well formed, without re-walking all of it.
+"""Is the rewritten IR well formed?  A local check per match, TVM's check when it cannot tell.
 
-``relax.analysis.well_formed`` walks a whole function; on a function of
-100k bindings that walk costs more than the rewrite.  When the driver
-rebuilt a top-level function itself (flat functions, see ``rewrite.py``)
-it already knows which bindings are new and has checked, binding by
-binding, the rules that depend on where a binding stands: each var a new
-binding reads is defined before it (a DataflowVar in the same block), and
-each var it defines is defined nowhere else.  What is left are the rules
-about the new bindings themselves (normal form, types that can be
-inferred and agree with their annotation, purity, DataflowVars only in
-DataflowBlocks, symbolic vars in scope, ...).  Those are checked by
-TVM's own ``well_formed`` on a *probe*: a function with the same
-parameters, purity and attributes whose blocks hold only the new
-bindings, each var they read from the rest of the function defined by a
-``match_cast`` of one opaque parameter.
-
-The new bindings are split into probes of about ``PROBE_BINDINGS``
-bindings each: ``well_formed``'s cost per binding grows with the size of
-the function it walks (on this project's benchmark, one probe of 20k
-bindings cost 1.3x as much per binding as twenty of 1k), so small probes
-keep the check linear in the number of new bindings.  A var one probe
-reads from another is a stub there like any other.  The driver checks
-each probe as soon as it is full when the pass is likely the only one,
-while the probe's bindings are still in the CPU's caches.
-
-The probe can only be stricter than the real function (a symbolic var
-defined by an earlier ``match_cast`` of the original is unknown to it), so
-a probe that fails is not an error by itself: the caller then runs the
-full check, whose verdict stands.
+``relax.analysis.well_formed`` costs 85-110 us per binding on VM-level IR,
+more than the whole rewrite, so it runs only when the local check cannot
+vouch for a result.  The local check looks at each binding a match added:
+every var it reads must be one the match could read where the binding
+stands (read by the matched value, defined by a binding the match saw or
+emitted, a parameter, or bound earlier in the same block), and every var
+it defines must be new.  A var it cannot account for (bound in an outer
+block, say) is a suspect: TVM's full check then decides, and its verdict is
+reported against the first suspect's binding.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import tvm
 from tvm import relax
 
 from . import _ir
 
-
-PROBE_BINDINGS = 256
-"""Bindings (new ones and stubs) after which the driver starts a new probe."""
-
-
-class InputDefinitions:
-    """Where each var of a flat function is bound, indexed on first use.
-
-    The driver needs it only when a new binding reads a var that neither
-    the match, the parameters nor an earlier new binding accounts for, or
-    defines a var that might exist already; most rewrites never ask, and
-    then no pass pays for a map of every binding of a big function (on
-    this project's benchmark that map cost 5% of the instructions and 15%
-    of the cache misses at 100k bindings).
-
-    Parameters
-    ----------
-    func : relax.Function
-        The function as it was before the pass; it must outlive this index,
-        which is keyed by ``hash(var)`` (the object's address) so that a big
-        index holds no Python wrapper objects for the cyclic GC to rescan.
-    """
-
-    def __init__(self, func: relax.Function):
-        self._func = func
-        self._where: dict[int, int] | None = None
-        self._block_starts: list[int] = []
-        self.defined_twice = False
-        """Whether some var is bound more than once (known once the index is built)."""
-
-    def position(self, var: relax.Var) -> int | None:
-        """The var's binding, numbered over all top-level blocks in order; None if unbound."""
-        if self._where is None:
-            self._build()
-        return self._where.get(hash(var))
-
-    def block_of(self, position: int) -> int:
-        """The top-level block holding the binding at ``position``."""
-        return bisect_right(self._block_starts, position) - 1
-
-    def _build(self) -> None:
-        where: dict[int, int] = {}
-        position = 0
-        for block in self._func.body.blocks:
-            self._block_starts.append(position)
-            for binding in _ir.bindings_of(block):
-                key = hash(binding.var)
-                if key in where:
-                    self.defined_twice = True
-                where[key] = position
-                position += 1
-        self._where = where
+_VARS = (relax.Var, relax.DataflowVar)
+# Values that may read vars below them; anything else without a var in it is a plain leaf
+# (constants, prim values, strings, shapes, extern funcs, ops: their classes move between
+# TVM versions, these do not).
+_NESTED = (relax.Call, relax.If, relax.SeqExpr, relax.Function, relax.TupleGetItem)
 
 
 @dataclass
-class NewBindings:
-    """The bindings one rewriting pass put into one top-level block of a function."""
+class Suspect:
+    """A var a new binding reads that the local check could not account for."""
 
-    is_dataflow: bool
-    bindings: list[relax.Binding] = field(default_factory=list)
-    reads: list[relax.Var] = field(default_factory=list)
-    """Vars these bindings read that neither the parameters nor earlier new bindings define."""
+    function: str
+    binding: str
+    rule: str
+    var: str
 
 
-def probe_is_well_formed(func: relax.Function, blocks: Sequence[NewBindings]) -> bool:
-    """Whether the new bindings of ``func`` pass ``relax.analysis.well_formed`` on their own.
+@dataclass
+class LocalCheck:
+    """The well-formedness verdict of one rewrite, built match by match.
 
-    Parameters
-    ----------
-    func : relax.Function
-        The rewritten function (its parameters, purity and attributes are used).
-    blocks : Sequence[NewBindings]
-        The new bindings of each top-level block that has any, in order, with
-        the vars they read from the rest of the function.
-
-    Returns
-    -------
-    ok : bool
-        True when the probe is well formed; False when it is not, and only
-        the full check can tell.
+    The traversal reports each match's new bindings to :meth:`check_reads`
+    and :meth:`check_defines`; the driver runs TVM's full check when
+    :attr:`vouches` is False.
     """
-    stub = relax.Var("rewrite_ext_stub", relax.ObjectType())
-    probe_blocks = []
-    for block in blocks:
-        stubs: list[relax.Binding] = [relax.MatchCast(var, stub, var.ty) for var in block.reads]
-        make = relax.DataflowBlock if block.is_dataflow else relax.BindingBlock
-        probe_blocks.append(make(stubs + block.bindings))
-    body = relax.SeqExpr(probe_blocks, stub)
-    _ir.set_type(body, stub.ty)
-    probe = relax.Function([*func.params, stub], body, stub.ty, func.is_pure, func.attrs)
+
+    global_vars: set[int] | None
+    """Hashes of the module's GlobalVars (None for a lone function: not checked)."""
+    suspects: list[Suspect] = field(default_factory=list)
+    full_check_reasons: list[str] = field(default_factory=list)
+    """Why the local check cannot vouch, besides suspects (a var re-typed, a raw emit)."""
+
+    @property
+    def vouches(self) -> bool:
+        return not self.suspects and not self.full_check_reasons
+
+    def defer(self, reason: str) -> None:
+        """Leave the verdict to TVM's full check."""
+        if len(self.full_check_reasons) < 10:
+            self.full_check_reasons.append(reason)
+
+    def check_reads(
+        self,
+        value: relax.Expr,
+        is_known: Callable[[relax.Var], bool],
+        where: tuple[str, str, str],
+    ) -> None:
+        """Note every var ``value`` reads that ``is_known`` cannot account for."""
+        for var in _reads(value, self.global_vars):
+            if var is None:
+                self.defer(f"binding '{where[1]}' reads a GlobalVar the module lacks")
+            elif not is_known(var):
+                self.suspects.append(Suspect(*where, _ir.var_name(var)))
+
+
+def _reads(value: relax.Expr, global_vars: set[int] | None) -> list[relax.Var | None]:
+    """The vars ``value`` reads; None for each GlobalVar that is not in ``global_vars``.
+
+    A normalized call's arguments are leaves or tuples of leaves, read here
+    without a walk in C++; anything else asks TVM.
+    """
+    found: list[relax.Var | None] = []
+    if type(value) is relax.Call:
+        stack = [value.op, *_ir.elements(value.args)]
+    elif type(value) is relax.Tuple or isinstance(value, _VARS):
+        stack = [value]
+    else:
+        stack = None
+    while stack:
+        expr = stack.pop()
+        cls = type(expr)
+        if cls in _VAR_CLASSES:
+            found.append(expr)
+        elif cls is relax.Tuple:
+            stack.extend(_ir.elements(expr.fields))
+        elif cls is relax.GlobalVar:
+            if global_vars is not None and hash(expr) not in global_vars:
+                found.append(None)
+        elif isinstance(expr, _NESTED):
+            stack = None  # something nested: let TVM list what it reads
+    if stack is not None:
+        return found
+    found = [v for v in relax.analysis.free_vars(value) if isinstance(v, _VARS)]
+    if global_vars is not None:
+        found.extend(None for gv in relax.analysis.all_global_vars(value) if hash(gv) not in global_vars)
+    return found
+
+
+_VAR_CLASSES = {relax.Var, relax.DataflowVar}
+
+
+def full_check(obj: relax.Function | tvm.IRModule) -> str | None:
+    """TVM's verdict: None when ``obj`` is well formed, else TVM's message."""
     try:
-        relax.analysis.well_formed(probe)
-    except Exception:  # noqa: BLE001 - any failure sends the caller to the full check
-        return False
-    return True
+        verdict = relax.analysis.well_formed(obj)
+    except Exception as exc:  # noqa: BLE001 - TVM raises its own error types
+        return str(exc)
+    # TVM 0.27 returns None and raises; earlier versions return a bool.
+    return "relax.analysis.well_formed returned False" if verdict is False else None

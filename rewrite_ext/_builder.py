@@ -1,0 +1,107 @@
+"""The BlockBuilder a rewriter receives: TVM's own, with two guards.
+
+While a rewriter runs, the builder's frame is the one the traversal opened
+for that match, so everything emitted can be checked before it lands.
+Opening or closing frames or scopes would tear the traversal's frames
+apart (an ``end_scope`` there ends in a segmentation fault), so those
+calls raise instead.  And an expression the rewriter emits or returns that
+*is* a value bound earlier in the block (TVM's matcher hands out bound
+values) is replaced by that binding's var, so nothing is computed twice.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tvm import relax
+
+from . import _ir
+
+_FRAME_METHODS = (
+    "_begin_dataflow_block",
+    "_begin_binding_block",
+    "_end_block",
+    "begin_scope",
+    "end_scope",
+    "function",
+    "dataflow",
+    "testing_scope",
+    "emit_func_output",
+    "finalize",
+)
+
+
+class BuilderMisuse(Exception):  # noqa: N818
+    """A rewriter called a builder method that opens or closes a frame or scope."""
+
+
+class RewriterBuilder(relax.BlockBuilder):
+    """TVM's BlockBuilder, guarded while a rewriter holds it (see the module docstring)."""
+
+    def __init__(self, mod: Any = None) -> None:
+        super().__init__(mod)
+        self.bound: dict[int, relax.Var] | None = None
+        """While a rewriter runs: hash of each value bound earlier -> its var; else None."""
+        self.lent = False
+        """True while a rewriter runs."""
+
+    # The traversal's own frame handling: the guarded methods, unguarded.
+    def begin_frame(self, is_dataflow: bool) -> None:
+        if is_dataflow:
+            relax.BlockBuilder._begin_dataflow_block(self)
+        else:
+            relax.BlockBuilder._begin_binding_block(self)
+
+    def end_frame(self) -> relax.BindingBlock:
+        return relax.BlockBuilder._end_block(self)
+
+    def use_vars(self, expr: relax.Expr) -> relax.Expr:
+        """``expr`` with every value bound earlier (the very object) replaced by its var."""
+        return expr if not self.bound else _ir.replace_bound(expr, self.bound)
+
+    def emit(self, expr: relax.Expr, name_hint: str = "") -> relax.Var:  # noqa: D102
+        return super().emit(self.use_vars(expr), name_hint)
+
+    def match_cast(self, value: relax.Expr, ty: Any, name_hint: str = "") -> relax.Var:  # noqa: D102
+        return super().match_cast(self.use_vars(value), ty, name_hint)
+
+    def emit_output(self, output: Any, name_hint: str = "") -> relax.Var:  # noqa: D102
+        if isinstance(output, relax.Expr):
+            output = self.use_vars(output)
+        return super().emit_output(output, name_hint)
+
+    def normalize(self, expr: relax.Expr) -> relax.Expr:  # noqa: D102
+        return super().normalize(self.use_vars(expr))
+
+
+def _guarded(name: str):
+    method = getattr(relax.BlockBuilder, name)
+
+    def guarded(self: RewriterBuilder, *args: Any, **kwargs: Any) -> Any:
+        if self.lent:
+            raise BuilderMisuse(
+                f"the rewriter called builder.{name}(), which opens or closes a block or scope "
+                "of the builder the traversal is emitting into; emit bindings with "
+                "builder.emit(...) (or emit_te, match_cast, emit_normalized) only"
+            )
+        return method(self, *args, **kwargs)
+
+    guarded.__name__ = name
+    guarded.__doc__ = method.__doc__
+    return guarded
+
+
+for _name in _FRAME_METHODS:
+    setattr(RewriterBuilder, _name, _guarded(_name))
+
+
+def _emit_normalized(self: RewriterBuilder, binding: relax.Binding) -> None:
+    # A binding built by hand may re-bind a var defined elsewhere: only the full
+    # well-formedness check can tell, so the traversal is told to run it.
+    if self.lent:
+        self.raw_emits = True
+    relax.BlockBuilder.emit_normalized(self, binding)
+
+
+RewriterBuilder.emit_normalized = _emit_normalized  # type: ignore[method-assign]
+RewriterBuilder.raw_emits = False

@@ -1,0 +1,133 @@
+"""The fixed point: passes over each function until one changes nothing, then the verdict.
+
+A pass that changed something is followed by another, since what it
+produced may match again; ``max_iterations`` bounds the passes that may
+change something, and one more pass must then change nothing.  Pure
+bindings that matches saw through and that nothing reads any more are
+dropped at the end.  The result is well formed, by the local check of
+every match or, when that cannot vouch, by TVM's full check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import tvm
+from tvm import relax
+
+from . import _ir
+from ._walker import NAMES_SHOWN, FunctionPass, RuleSet, RuleStats
+from ._wellformed import LocalCheck, full_check
+from .errors import RewriteError
+from .rule import Rule
+
+
+@dataclass
+class Outcome:
+    """What a rewrite did: the result, the passes run, each rule's statistics."""
+
+    result: relax.Function | tvm.IRModule
+    passes: dict[str, int] = field(default_factory=dict)
+    """Passes run per function."""
+    stats: dict[int, RuleStats] = field(default_factory=dict)
+
+
+def apply(rules: Sequence[Rule], target: relax.Function | tvm.IRModule, max_iterations: int) -> Outcome:
+    """Rewrite ``target`` with ``rules`` to a fixed point and check the result."""
+    if not isinstance(max_iterations, int) or isinstance(max_iterations, bool) or max_iterations < 1:
+        raise ValueError(f"max_iterations must be a positive int, got {max_iterations!r}")
+    ruleset = RuleSet(rules)
+    if isinstance(target, relax.Function):
+        check = LocalCheck(None)
+        outcome = Outcome(target)
+        name = _ir.function_name(target)
+        outcome.result = _rewrite_function(ruleset, target, name, None, max_iterations, check, outcome)
+        if not outcome.result.same_as(target):
+            _verify(outcome.result, [name], ruleset, check)
+        return outcome
+    if isinstance(target, tvm.IRModule):
+        check = LocalCheck({hash(gv) for gv in target.get_global_vars()})
+        outcome = Outcome(target)
+        functions = dict(target.functions_items())
+        changed = []
+        for gvar, func in target.functions_items():
+            if isinstance(func, relax.Function):
+                new_func = _rewrite_function(
+                    ruleset, func, gvar.name_hint, target, max_iterations, check, outcome
+                )
+                if not new_func.same_as(func):
+                    functions[gvar] = new_func
+                    changed.append(gvar.name_hint)
+        if changed:
+            new_mod = tvm.IRModule(functions, attrs=target.attrs, global_infos=target.global_infos)
+            _verify(new_mod, changed, ruleset, check)
+            outcome.result = new_mod
+        else:
+            outcome.result = tvm.IRModule(functions, attrs=target.attrs, global_infos=target.global_infos)
+        return outcome
+    raise TypeError(f"target must be a relax.Function or an IRModule, got {type(target).__name__}")
+
+
+def _rewrite_function(
+    rules: RuleSet,
+    func: relax.Function,
+    name: str,
+    mod: tvm.IRModule | None,
+    max_iterations: int,
+    check: LocalCheck,
+    outcome: Outcome,
+) -> relax.Function:
+    kept: set[tuple[int, int]] = set()
+    interior: list[relax.Var] = []
+    current = func
+    for count in range(max_iterations + 1):
+        result = FunctionPass(rules, name, mod, kept, check).run(current)
+        outcome.passes[name] = count + 1
+        for index, stats in result.stats.items():
+            total = outcome.stats.setdefault(index, RuleStats())
+            total.rewritten += stats.rewritten
+            total.kept += stats.kept
+            total.declined.extend(stats.declined)
+        if not result.changes:
+            break
+        if count == max_iterations:
+            shown = ", ".join(f"'{v}'" for v in result.changed_names)
+            more = result.changes - len(result.changed_names)
+            descriptions = " or ".join(rule.description for rule in rules.rules)
+            raise RewriteError(
+                f"rewrite_ext: in function '{name}', pattern {descriptions}: did not converge "
+                f"after max_iterations={max_iterations} passes; bindings still matching: "
+                f"{shown}{f' and {more} more' if more else ''}. Make the rewriter's output not "
+                "match its own pattern, or raise max_iterations"
+            )
+        current = result.func
+        interior.extend(result.interior)
+    if interior:
+        current = _ir.drop_unused_bindings(current, interior)
+    return current
+
+
+def _verify(obj: relax.Function | tvm.IRModule, names: list[str], rules: RuleSet, check: LocalCheck) -> None:
+    """Raise RewriteError unless the local check vouches for ``obj`` or TVM's full check passes."""
+    if check.vouches:
+        return
+    verdict = full_check(obj)
+    if verdict is None:
+        return
+    if check.suspects:
+        s = check.suspects[0]
+        raise RewriteError(
+            f"rewrite_ext: in function '{s.function}', binding '{s.binding}', pattern {s.rule}: "
+            f"the result is not well formed: the rewriter used the var '{s.var}', which is not "
+            "defined where the binding stands; use the vars and values in matchings, or what "
+            f"builder.emit returned. relax.analysis.well_formed says: {verdict}"
+        )
+    descriptions = " or ".join(rule.description for rule in rules.rules)
+    raise RewriteError(
+        f"rewrite_ext: in function '{', '.join(names)}', pattern {descriptions}: the rewritten IR "
+        f"is not well formed ({'; '.join(check.full_check_reasons)}): {verdict}"
+    )
+
+
+__all__ = ["Outcome", "apply", "NAMES_SHOWN"]

@@ -1,0 +1,569 @@
+"""One rewriting pass over one function: the traversal.
+
+TVM's C++ mutator walks the function, its If branches and local functions;
+a binding block that holds a binding some rule may match is rebuilt here,
+binding by binding, through the builder that emits the block.  That is how
+what a rewriter emits through ``builder`` lands just before the rewritten
+binding.  TVM's pattern language does the matching.
+
+What a match may see: earlier bindings of the same block, as TVM's matcher
+sees them, except a ``match_cast`` (its value is not the cast value), a
+binding already rewritten in this pass, and anything before an impure
+binding (memory written in place there makes a value computed before it
+differ from the same expression after it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import tvm
+import tvm_ffi
+from tvm import relax
+from tvm.relax.dpl import DFPattern
+from tvm.relax.expr_functor import PyExprMutator, mutator
+
+from . import _ir
+from ._builder import BuilderMisuse, RewriterBuilder
+from ._wellformed import LocalCheck
+from .errors import RewriteError, remember
+from .rule import Decline, Rule
+
+_NESTED = (relax.If, relax.Function, relax.SeqExpr)
+"""Values holding blocks of their own: TVM's mutator walks into them."""
+
+NAMES_SHOWN = 10
+"""Bindings a non-convergence message names."""
+
+
+class RuleSet:
+    """Rules in order, indexed by the ops at their roots."""
+
+    def __init__(self, rules: Sequence[Rule]) -> None:
+        self.rules = list(rules)
+        self.any_value = [(i, r) for i, r in enumerate(self.rules) if r.root_ops is None]
+        """Rules that may match any value, with their positions."""
+        by_op: dict[int, list[tuple[int, Rule]]] = {}
+        for i, rule in enumerate(self.rules):
+            for op in rule.root_ops or ():
+                by_op.setdefault(hash(op), []).append((i, rule))
+        # Merged with the any-value rules once per op, so rules keep their order.
+        self.by_op = {
+            key: sorted(found + self.any_value, key=lambda item: item[0]) for key, found in by_op.items()
+        }
+        self.sees_through = any(rule.lookup_depth != 0 for rule in self.rules)
+
+    def candidates(self, value: relax.Expr) -> list[tuple[int, Rule]]:
+        """The rules that may match ``value``, in order."""
+        if type(value) is relax.Call:
+            found = self.by_op.get(hash(value.op))
+            if found is not None:
+                return found
+        return self.any_value
+
+    def block_has_candidate(self, block: relax.BindingBlock) -> bool:
+        if self.any_value:
+            return True
+        by_op = self.by_op
+        call = relax.Call
+        return any(
+            type(value) is call and hash(value.op) in by_op
+            for value in (binding.value for binding in _ir.bindings_of(block))
+        )
+
+
+@dataclass
+class RuleStats:
+    """What happened to one rule's matches in a pass."""
+
+    rewritten: int = 0
+    kept: int = 0
+    declined: list[tuple[str, str, str]] = field(default_factory=list)
+    """(function, binding, reason) of each declined match."""
+
+
+@dataclass
+class PassResult:
+    """What one pass over a function did."""
+
+    func: relax.Function
+    changes: int = 0
+    """Bindings rewritten or kept with new bindings before them."""
+    changed_names: list[str] = field(default_factory=list)
+    """The first ``NAMES_SHOWN`` of those bindings' vars, for messages."""
+    interior: list[relax.Var] = field(default_factory=list)
+    """Pure bindings seen through by a match, to drop if nothing reads them any more."""
+    stats: dict[int, RuleStats] = field(default_factory=dict)
+
+
+@dataclass
+class _Scope:
+    name: str
+    checks_purity: bool
+    params: frozenset[int]
+
+
+@dataclass
+class _Block:
+    """The block being rebuilt."""
+
+    bindings: relax.BindingBlock
+    is_dataflow: bool
+    lookup: dict[int, tuple[relax.Var, relax.Expr]] | None
+    """hash(var) -> (var, value) of the bindings a match may see through; None if no rule looks."""
+    position: int = 0
+    """Index of the binding being rewritten."""
+    new_vars: set[int] = field(default_factory=set)
+    """Vars defined by bindings the rewrites of this block added."""
+    _defined_at: dict[int, int] | None = None
+
+    def defined_before(self, var: relax.Var) -> bool | None:
+        """Whether the input block binds ``var`` before the current binding (None: not at all)."""
+        if self._defined_at is None:
+            self._defined_at = {
+                hash(binding.var): i for i, binding in enumerate(_ir.bindings_of(self.bindings))
+            }
+        at = self._defined_at.get(hash(var))
+        return None if at is None else at < self.position
+
+
+@mutator
+class FunctionPass(PyExprMutator):
+    """One rewriting pass of ``rules`` over one function.
+
+    ``kept`` holds ``(rule index, hash(var))`` of each binding a rule kept
+    (returned ``orig`` after emitting): that rule is not offered the binding
+    again, in this pass or a later one.
+    """
+
+    def __init__(
+        self,
+        rules: RuleSet,
+        name: str,
+        mod: tvm.IRModule | None,
+        kept: set[tuple[int, int]],
+        check: LocalCheck,
+    ) -> None:
+        super().__init__(mod)
+        self.builder_ = RewriterBuilder(mod)
+        self.rules = rules
+        self.top_name = name
+        self.kept = kept
+        self.check = check
+        self.scopes: list[_Scope] = []
+        self.result: PassResult | None = None
+        # >0 while re-emitting what a rewriter produced: that is not matched again this pass.
+        self.suspended = 0
+        # Set once a rewritten var was re-typed: every later binding then goes through the
+        # mutator, which substitutes the new var; before, an unchanged one is re-emitted as is.
+        self.remapped = False
+        self.error: BaseException | None = None
+        self._used: set[relax.Var] | None = None
+
+    def run(self, func: relax.Function) -> PassResult:
+        self.result = PassResult(func)
+        self.top = func
+        try:
+            new_func = self.visit_expr(func)
+        except BaseException:
+            # An error raised in a callback came back through TVM's C++: raise the original.
+            if self.error is not None:
+                raise self.error from self.error.__cause__
+            raise
+        if self.result.changes:
+            self.result.func = new_func
+        return self.result
+
+    # -- traversal -------------------------------------------------------------------------
+
+    def visit_function_(self, func: relax.Function) -> relax.Expr:
+        name = self.top_name if not self.scopes else f"{self.top_name} (local function)"
+        outer = self.scopes[-1].params if self.scopes else frozenset()
+        params = outer | {hash(p) for p in func.params}
+        self.scopes.append(_Scope(name, _ir.checks_purity(func), params))
+        try:
+            return super().visit_function_(func)
+        except BaseException as exc:
+            self.error = self.error or exc
+            remember(exc)
+            raise
+        finally:
+            self.scopes.pop()
+
+    def visit_binding_block_(self, block: relax.BindingBlock) -> relax.BindingBlock:
+        return self._visit_block(block, is_dataflow=False)
+
+    def visit_dataflow_block_(self, block: relax.DataflowBlock) -> relax.BindingBlock:
+        return self._visit_block(block, is_dataflow=True)
+
+    def _visit_block(self, block: relax.BindingBlock, is_dataflow: bool) -> relax.BindingBlock:
+        try:
+            if self.suspended or not self.rules.block_has_candidate(block):
+                if is_dataflow:
+                    return super().visit_dataflow_block_(block)
+                return super().visit_binding_block_(block)
+            return self._rewrite_block(block, is_dataflow)
+        except BaseException as exc:
+            self.error = self.error or exc
+            remember(exc)
+            raise
+
+    def _rewrite_block(self, bindings: relax.BindingBlock, is_dataflow: bool) -> relax.BindingBlock:
+        builder = self.builder_
+        block = _Block(bindings, is_dataflow, {} if self.rules.sees_through else None)
+        lookup = block.lookup
+        candidates = self.rules.candidates
+        builder.begin_frame(is_dataflow)
+        try:
+            for position, binding in enumerate(_ir.bindings_of(bindings)):
+                value = binding.value
+                rules = candidates(value)
+                if rules:
+                    block.position = position
+                    if self._try_rules(binding, value, rules, block):
+                        continue
+                self._emit_unchanged(binding, value)
+                if lookup is not None:
+                    if _ir.is_impure(value):
+                        lookup.clear()
+                    elif type(binding) is relax.VarBinding:
+                        var = binding.var
+                        lookup[hash(var)] = (var, value)
+        except BaseException:
+            builder.end_frame()  # leave the builder balanced for whoever unwinds it
+            raise
+        return builder.end_frame()
+
+    def _emit_unchanged(self, binding: relax.Binding, value: relax.Expr) -> None:
+        if not self.remapped and not isinstance(value, _NESTED):
+            _ir.emit_normalized(self.builder_, binding)
+            return
+        if not self.remapped:
+            self.visit_binding(binding)
+            return
+        try:
+            self.visit_binding(binding)
+        except Exception as exc:  # noqa: BLE001 - TVM's own type errors, raised while re-typing
+            if isinstance(exc, RewriteError):
+                raise
+            self._fail_in(
+                binding,
+                None,
+                "a rewritten binding earlier in the function changed its var's type, and TVM "
+                f"cannot type this binding against it: {type(exc).__name__}: {exc}",
+                exc,
+            )
+
+    # -- one match -------------------------------------------------------------------------
+
+    def _try_rules(
+        self,
+        binding: relax.Binding,
+        value: relax.Expr,
+        rules: list[tuple[int, Rule]],
+        block: _Block,
+    ) -> bool:
+        key = hash(binding.var)
+        for index, rule in rules:
+            if self.kept and (index, key) in self.kept:
+                continue
+            reachable = None
+            if block.lookup and rule.lookup_depth != 0:
+                reachable = _reachable(value, block.lookup, rule.lookup_depth)
+            for alternative, enclosing in rule.alternatives:
+                matched = alternative.extract_matched_expr(value, reachable)
+                if matched is None:
+                    continue
+                if self._apply(index, rule, binding, value, matched, enclosing, reachable, block):
+                    return True
+        return False
+
+    def _apply(
+        self,
+        index: int,
+        rule: Rule,
+        binding: relax.Binding,
+        value: relax.Expr,
+        matched: tvm.ir.container.Map,
+        enclosing: tuple[DFPattern, ...],
+        reachable: dict[relax.Var, relax.Expr] | None,
+        block: _Block,
+    ) -> bool:
+        """Offer one match to ``rule``'s rewriter; True when the binding was rewritten or kept."""
+        matchings = dict(matched.items())
+        for pattern in enclosing:
+            matchings[pattern] = value
+        bound = {hash(val): var for var, val in reachable.items()} if reachable else None
+        emitted, new_value, reason = self._call_rewriter(rule, binding, value, matchings, bound, block)
+        stats = self.result.stats.setdefault(index, RuleStats())
+        if reason is not None:
+            stats.declined.append((self._scope_name(), _ir.var_name(binding.var), reason))
+            return False
+        keep = new_value.same_as(value) or _equal_rebuild(new_value, value)
+        if keep and not emitted:
+            stats.declined.append((self._scope_name(), _ir.var_name(binding.var), "no change"))
+            return False
+        self._check(rule, binding, value, emitted, None if keep else new_value, block)
+        self.suspended += 1
+        try:
+            for extra in emitted:
+                if self.remapped or isinstance(extra.value, _NESTED):
+                    self.visit_binding(extra)
+                else:
+                    _ir.emit_normalized(self.builder_, extra)
+            if keep:
+                self._emit_unchanged(binding, value)
+            else:
+                self._emit_replacement(binding, new_value)
+        finally:
+            self.suspended -= 1
+        if keep:
+            self.kept.add((index, hash(binding.var)))
+            stats.kept += 1
+        else:
+            stats.rewritten += 1
+            if bound:
+                self._note_interior(matched, value, bound)
+        if block.lookup is not None and (
+            _ir.is_impure(value) or any(_ir.is_impure(extra.value) for extra in emitted)
+        ):
+            block.lookup.clear()
+        result = self.result
+        result.changes += 1
+        if len(result.changed_names) < NAMES_SHOWN:
+            result.changed_names.append(_ir.var_name(binding.var))
+        return True
+
+    def _call_rewriter(
+        self,
+        rule: Rule,
+        binding: relax.Binding,
+        value: relax.Expr,
+        matchings: dict[DFPattern, relax.Expr],
+        bound: dict[int, relax.Var] | None,
+        block: _Block,
+    ) -> tuple[list[relax.Binding], relax.Expr | None, str | None]:
+        """Run the rewriter in a frame of its own: (emitted, new value, reason if declined)."""
+        builder = self.builder_
+        builder.begin_frame(block.is_dataflow)
+        builder.lent, builder.bound, builder.raw_emits = True, bound, False
+        reason = None
+        try:
+            try:
+                if rule.takes_builder:
+                    new_value = rule.rewriter(value, matchings, builder)
+                else:
+                    new_value = rule.rewriter(value, matchings)
+            except Decline as decline:
+                new_value, reason = None, decline.reason or "declined"
+            except BuilderMisuse as exc:
+                self._fail(binding, rule, str(exc))
+            except Exception as exc:  # noqa: BLE001 - any failure of user code is reported
+                self._fail(binding, rule, f"the rewriter raised {type(exc).__name__}: {exc}", exc)
+            builder.lent, builder.bound = False, None
+            if isinstance(new_value, relax.Expr) and not new_value.same_as(value):
+                # Normalized in the rewriter's frame: nested values it binds count as emitted.
+                if bound:
+                    new_value = _ir.replace_bound(new_value, bound)
+                try:
+                    new_value = builder.normalize(new_value)
+                except Exception as exc:  # noqa: BLE001 - TVM's type inference errors
+                    self._fail(
+                        binding, rule, f"the rewriter returned an expression TVM cannot normalize: {exc}", exc
+                    )
+        finally:
+            builder.lent, builder.bound = False, None
+            emitted = _ir.elements(builder.end_frame().bindings)
+        if builder.raw_emits:
+            self.check.defer(f"the rewriter of binding '{_ir.var_name(binding.var)}' called emit_normalized")
+        if reason is not None:
+            return [], None, reason  # what it emitted is dropped with the match
+        if new_value is None:
+            if emitted:
+                self._fail(
+                    binding,
+                    rule,
+                    f"the rewriter emitted {len(emitted)} binding(s) and then returned None; "
+                    "return the replacement expression, return orig to keep the binding with "
+                    "the emitted ones before it, or raise Decline to drop them",
+                )
+            return [], None, "returned None"
+        if not isinstance(new_value, relax.Expr):
+            self._fail(
+                binding,
+                rule,
+                f"the rewriter returned a {type(new_value).__name__}, not a relax.Expr "
+                "(return a relax expression, or None to decline)",
+            )
+        return emitted, new_value, None
+
+    # -- checks ----------------------------------------------------------------------------
+
+    def _check(
+        self,
+        rule: Rule,
+        binding: relax.Binding,
+        value: relax.Expr,
+        emitted: list[relax.Binding],
+        new_value: relax.Expr | None,
+        block: _Block,
+    ) -> None:
+        """Purity, void values, and the local well-formedness check of what the match added."""
+        scope = self.scopes[-1]
+        if block.is_dataflow or scope.checks_purity:
+            where = "a DataflowBlock" if block.is_dataflow else "a pure function"
+            fix = (
+                "rewrite after leaving dataflow (e.g. after relax.transform.ToNonDataflow, or on "
+                "the lowered function)"
+                if block.is_dataflow
+                else "mark the function impure with @R.function(pure=False), or rewrite it "
+                "after TVM's lowering, which marks it relax.force_pure"
+            )
+            for what, expr in [*(("emitted", b.value) for b in emitted), ("returned", new_value)]:
+                if expr is not None and _ir.is_impure(expr):
+                    self._fail(binding, rule, f"the rewriter {what} the impure call `{expr}` into {where}; {fix}")
+        if new_value is not None and _ir.is_void(new_value.ty) and not _ir.is_void(binding.var.ty):
+            if binding.var in self._used_vars():
+                self._fail(
+                    binding,
+                    rule,
+                    "the rewriter returned a void value (type R.Tuple()) but the binding's var "
+                    "is used later; only a binding whose var is unused may become void",
+                )
+        self._check_vars(rule, binding, value, emitted, new_value, block)
+
+    def _check_vars(
+        self,
+        rule: Rule,
+        binding: relax.Binding,
+        value: relax.Expr,
+        emitted: list[relax.Binding],
+        new_value: relax.Expr | None,
+        block: _Block,
+    ) -> None:
+        lookup = block.lookup or {}
+        params = self.scopes[-1].params
+        fresh: set[int] = set()
+        read_by_orig: set[int] | None = None
+
+        def is_known(var: relax.Var) -> bool:
+            nonlocal read_by_orig
+            key = hash(var)
+            if key in fresh or key in lookup or key in params or key in block.new_vars:
+                return True
+            if read_by_orig is None:
+                read_by_orig = {hash(v) for v in relax.analysis.free_vars(value)}
+            return key in read_by_orig or bool(block.defined_before(var))
+
+        where = (self._scope_name(), _ir.var_name(binding.var), rule.description)
+        for extra in emitted:
+            self.check.check_reads(extra.value, is_known, where)
+            var = extra.var
+            key = hash(var)
+            if key in lookup or key in params or key in block.new_vars or block.defined_before(var) is not None:
+                self._fail(
+                    binding,
+                    rule,
+                    "the result is not well formed: the rewriter emitted a binding of the var "
+                    f"'{_ir.var_name(var)}', which is already defined; builder.emit makes a fresh var",
+                )
+            fresh.add(key)
+            block.new_vars.add(key)
+        if new_value is not None:
+            self.check.check_reads(new_value, is_known, where)
+
+    def _used_vars(self) -> set[relax.Var]:
+        if self._used is None:
+            self._used = _ir.used_vars(self.top)
+        return self._used
+
+    # -- results ---------------------------------------------------------------------------
+
+    def _emit_replacement(self, binding: relax.Binding, new_value: relax.Expr) -> None:
+        """Bind the new value to the binding's var, re-typed if its type changed.
+
+        Later uses of a re-typed var follow through the mutator's var remap.
+        """
+        if self.remapped:
+            new_value = self.visit_expr(new_value)
+        var = binding.var
+        if isinstance(binding, relax.MatchCast):
+            new_binding = relax.MatchCast(var, new_value, binding.ty)
+        else:
+            new_var = self.with_type(var, new_value.ty)
+            if not new_var.same_as(var):
+                self.set_var_remap(var, new_var)
+                self.remapped = True
+                self.check.defer(f"the var '{_ir.var_name(var)}' was re-typed")
+            new_binding = relax.VarBinding(new_var, new_value)
+        _ir.emit_normalized(self.builder_, new_binding)
+
+    def _note_interior(self, matched: tvm.ir.container.Map, root: relax.Expr, bound: dict[int, relax.Var]) -> None:
+        """Bindings a non-wildcard sub-pattern saw through, to drop later if nothing reads them."""
+        from tvm.relax.dpl import pattern as P
+
+        for pattern, expr in matched.items():
+            var = bound.get(hash(expr))
+            if var is not None and not expr.same_as(root) and not isinstance(pattern, P.WildcardPattern):
+                self.result.interior.append(var)
+
+    # -- errors ----------------------------------------------------------------------------
+
+    def _scope_name(self) -> str:
+        return self.scopes[-1].name if self.scopes else self.top_name
+
+    def _fail(self, binding: relax.Binding, rule: Rule, what: str, cause: BaseException | None = None) -> None:
+        self._fail_in(binding, rule, what, cause)
+
+    def _fail_in(
+        self, binding: relax.Binding, rule: Rule | None, what: str, cause: BaseException | None = None
+    ) -> None:
+        pattern = f", pattern {rule.description}" if rule is not None else ""
+        error = RewriteError(
+            f"rewrite_ext: in function '{self._scope_name()}', binding '{_ir.var_name(binding.var)}'"
+            f"{pattern}: {what}"
+        )
+        error.__cause__ = cause
+        self.error = error
+        raise error
+
+
+def _equal_rebuild(new_value: relax.Expr, value: relax.Expr) -> bool:
+    """Whether ``new_value`` is a structurally equal copy of ``value`` (TVM's "no change")."""
+    if type(new_value) is not type(value):
+        return False
+    if type(value) is relax.Call and not new_value.op.same_as(value.op):
+        return False  # the common case, told apart without a structural comparison
+    return bool(tvm_ffi.structural_equal(new_value, value))
+
+
+def _reachable(
+    value: relax.Expr, lookup: dict[int, tuple[relax.Var, relax.Expr]], depth: int | None
+) -> dict[relax.Var, relax.Expr]:
+    """The bindings of ``lookup`` that matching ``value`` can see through.
+
+    TVM converts the var-to-value map it is handed at every match, so
+    handing it the whole block would make each match cost as much as the
+    block so far.  A pattern ``depth`` levels deep reaches vars at most that
+    many values down from ``value``; var-to-var chains are followed to their
+    end, as the matcher does.  ``depth`` None: the whole lookup.
+    """
+    if depth is None:
+        return dict(lookup.values())
+    found: dict[int, tuple[relax.Var, relax.Expr]] = {}
+    frontier: list[relax.Expr] = [value]
+    for level in range(depth):
+        deeper: list[relax.Expr] = []
+        for expr in frontier:
+            key = hash(expr)
+            if key in found:
+                continue
+            while key in lookup and key not in found:
+                found[key] = lookup[key]
+                expr = lookup[key][1]
+                key = hash(expr)
+            if level + 1 < depth:
+                deeper.extend(_ir.elements(relax.analysis.free_vars(expr)))
+        frontier = deeper
+    return dict(found.values())
