@@ -15,7 +15,7 @@ differ from the same expression after it).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import tvm
@@ -26,6 +26,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from . import _ir
 from ._builder import BuilderMisuse, RewriterBuilder
+from . import _wellformed
 from ._wellformed import LocalCheck
 from .errors import RewriteError, remember
 from .rule import Decline, Rule
@@ -291,9 +292,13 @@ class FunctionPass(PyExprMutator):
         block: _Block,
     ) -> bool:
         """Offer one match to ``rule``'s rewriter; True when the binding was rewritten or kept."""
-        matchings = dict(matched.items())
-        for pattern in enclosing:
-            matchings[pattern] = value
+        # TVM's own Map, as TVM's rewrite_call hands it over (converting it costs more than
+        # most rewriters); a dict only when the Or nodes around the alternative are added.
+        matchings = matched
+        if enclosing:
+            matchings = dict(matched.items())
+            for pattern in enclosing:
+                matchings[pattern] = value
         bound = {hash(val): var for var, val in reachable.items()} if reachable else None
         emitted, new_value, reason = self._call_rewriter(rule, binding, value, matchings, bound, block)
         stats = self.result.stats.setdefault(index, RuleStats())
@@ -340,7 +345,7 @@ class FunctionPass(PyExprMutator):
         rule: Rule,
         binding: relax.Binding,
         value: relax.Expr,
-        matchings: dict[DFPattern, relax.Expr],
+        matchings: Mapping[DFPattern, relax.Expr],
         bound: dict[int, relax.Var] | None,
         block: _Block,
     ) -> tuple[list[relax.Binding], relax.Expr | None, str | None]:
@@ -450,13 +455,18 @@ class FunctionPass(PyExprMutator):
         def is_known(var: relax.Var) -> bool:
             nonlocal read_by_orig
             key = hash(var)
-            if key in fresh or key in lookup or key in params or key in block.new_vars:
+            if key in fresh or key in params:
                 return True
             if read_by_orig is None:
-                read_by_orig = {hash(v) for v in relax.analysis.free_vars(value)}
-            return key in read_by_orig or bool(block.defined_before(var))
+                read_by_orig = {hash(v) for v in _wellformed.reads(value, None) if v is not None}
+            return (
+                key in read_by_orig
+                or key in lookup
+                or key in block.new_vars
+                or bool(block.defined_before(var))
+            )
 
-        where = (self._scope_name(), _ir.var_name(binding.var), rule.description)
+        where = (self._scope_name(), binding, rule.description)
         for extra in emitted:
             self.check.check_reads(extra.value, is_known, where)
             var = extra.var

@@ -21,11 +21,10 @@ from tvm import relax
 
 from . import _ir
 
-_VARS = (relax.Var, relax.DataflowVar)
 # Values that may read vars below them; anything else without a var in it is a plain leaf
 # (constants, prim values, strings, shapes, extern funcs, ops: their classes move between
 # TVM versions, these do not).
-_NESTED = (relax.Call, relax.If, relax.SeqExpr, relax.Function, relax.TupleGetItem)
+_NESTED = {relax.Call, relax.If, relax.SeqExpr, relax.Function, relax.TupleGetItem}
 
 
 @dataclass
@@ -66,26 +65,32 @@ class LocalCheck:
         self,
         value: relax.Expr,
         is_known: Callable[[relax.Var], bool],
-        where: tuple[str, str, str],
+        where: tuple[str, relax.Binding, str],
     ) -> None:
-        """Note every var ``value`` reads that ``is_known`` cannot account for."""
-        for var in _reads(value, self.global_vars):
+        """Note every var ``value`` reads that ``is_known`` cannot account for.
+
+        ``where`` is (function, the matched binding, the pattern's description).
+        """
+        function, binding, rule = where
+        for var in reads(value, self.global_vars):
             if var is None:
-                self.defer(f"binding '{where[1]}' reads a GlobalVar the module lacks")
+                self.defer(f"binding '{_ir.var_name(binding.var)}' reads a GlobalVar the module lacks")
             elif not is_known(var):
-                self.suspects.append(Suspect(*where, _ir.var_name(var)))
+                self.suspects.append(Suspect(function, _ir.var_name(binding.var), rule, _ir.var_name(var)))
 
 
-def _reads(value: relax.Expr, global_vars: set[int] | None) -> list[relax.Var | None]:
+def reads(value: relax.Expr, global_vars: set[int] | None) -> list[relax.Var | None]:
     """The vars ``value`` reads; None for each GlobalVar that is not in ``global_vars``.
 
     A normalized call's arguments are leaves or tuples of leaves, read here
-    without a walk in C++; anything else asks TVM.
+    without a walk in C++; anything else asks TVM.  Classes are compared
+    exactly: ``isinstance`` against TVM's classes goes through ABCMeta.
     """
     found: list[relax.Var | None] = []
-    if type(value) is relax.Call:
+    cls = type(value)
+    if cls is relax.Call:
         stack = [value.op, *_ir.elements(value.args)]
-    elif type(value) is relax.Tuple or isinstance(value, _VARS):
+    elif cls is relax.Tuple or cls in _VAR_CLASSES:
         stack = [value]
     else:
         stack = None
@@ -99,11 +104,11 @@ def _reads(value: relax.Expr, global_vars: set[int] | None) -> list[relax.Var | 
         elif cls is relax.GlobalVar:
             if global_vars is not None and hash(expr) not in global_vars:
                 found.append(None)
-        elif isinstance(expr, _NESTED):
+        elif cls in _NESTED:
             stack = None  # something nested: let TVM list what it reads
     if stack is not None:
         return found
-    found = [v for v in relax.analysis.free_vars(value) if isinstance(v, _VARS)]
+    found = [v for v in relax.analysis.free_vars(value) if type(v) in _VAR_CLASSES]
     if global_vars is not None:
         found.extend(None for gv in relax.analysis.all_global_vars(value) if hash(gv) not in global_vars)
     return found
