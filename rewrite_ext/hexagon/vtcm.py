@@ -32,7 +32,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import tvm
 import tvm.relax.op.vm as relax_vm
@@ -181,18 +181,21 @@ class VTCMPlan:
 # -- planning ----------------------------------------------------------------------------
 
 
-def _written_params(func: tvm.tirx.PrimFunc) -> set[int] | None:
-    """The indices of the PrimFunc parameters it may write; None if it cannot tell."""
+def _written_params(func: tvm.tirx.PrimFunc) -> set[int]:
+    """The indices of the PrimFunc parameters it may write."""
     from tvm.s_tir import SBlockRealize
     from tvm.s_tir.analysis import get_sblock_read_write_region
 
-    if not isinstance(func.body, SBlockRealize):  # a scheduled or hand-written kernel
-        return None
     params = list(func.params)
+    if not isinstance(func.body, SBlockRealize):  # a scheduled or hand-written kernel: assume all
+        return set(range(len(params)))
     # Opaque accesses count as writes too.
     _, writes = get_sblock_read_write_region(func.body.block, {p: p for p in params})
     written = {region.source for region in writes}
     return {i for i, p in enumerate(params) if any(p.same_as(w) for w in written)}
+
+
+_ALLOC_TENSOR = ("relax.vm.alloc_tensor", "relax.memory.alloc_tensor")
 
 
 def _scope_of(call: relax.Call) -> str | None:
@@ -247,9 +250,16 @@ def _assign_slots(calls: list[list[int]], capacity: int) -> tuple[list[int], lis
     return sizes, placed
 
 
+class _Choice(NamedTuple):
+    argument: str
+    indices: tuple[int, ...]
+    nbytes: int
+
+
 def _plan_function(
     func: relax.Function, name: str, mod: tvm.IRModule, select: Select, capacity: int
-) -> tuple[list[tuple[relax.Call, list[tuple[str, tuple[int, ...], int]]]], list[int], list[list[int | None]]]:
+) -> tuple[list[tuple[relax.Call, list[_Choice]]], list[int], list[list[int | None]]]:
+    """The kernel calls with arguments chosen, the slot sizes, and each choice's slot."""
     # Only the function's own blocks: VTCM storages emitted there stay visible to
     # every later block.  Calls inside If branches or local functions are not staged.
     in_vtcm: set[relax.Var] = set()
@@ -262,7 +272,7 @@ def _plan_function(
             if not isinstance(value, relax.Call):
                 continue
             if _scope_of(value) == VTCM_SCOPE or (
-                value.args and isinstance(value.args[0], relax.Var) and value.args[0] in in_vtcm
+                isinstance(value.op, tvm.ir.Op) and value.op.name in _ALLOC_TENSOR and value.args[0] in in_vtcm
             ):
                 in_vtcm.add(binding.var)  # a VTCM storage, or a tensor allocated in one
             kernel = _kernel(value, mod)
@@ -277,10 +287,8 @@ def _plan_function(
                 if select(value, index):
                     chosen.setdefault(arg, []).append(index)
             if chosen:
-                calls.append(
-                    (value, [(_arg_name(arg), tuple(ix), static_nbytes(arg.ty)) for arg, ix in chosen.items()])
-                )
-    sizes, placed = _assign_slots([[n for *_, n in args] for _, args in calls], capacity)
+                calls.append((value, [_Choice(_arg_name(a), tuple(ix), static_nbytes(a.ty)) for a, ix in chosen.items()]))
+    sizes, placed = _assign_slots([[c.nbytes for c in choices] for _, choices in calls], capacity)
     return calls, sizes, placed
 
 
@@ -322,7 +330,7 @@ def plan_vtcm(
             slots[name] = tuple(sizes)
         for (call, args), where in zip(calls, placed):
             kernel = _kernel(call, target)[0]
-            staged = [StagedTensor(name, kernel, arg, ix, n, s) for (arg, ix, n), s in zip(args, where)]
+            staged = [StagedTensor(name, kernel, *choice, slot) for choice, slot in zip(args, where)]
             tensors += staged
             by_call[call] = [t for t in staged if t.slot is not None]
     return VTCMPlan(total, tuple(tensors), slots, by_call)
@@ -414,8 +422,6 @@ def stage_in_vtcm(
             VTCMCapacityWarning,
             stacklevel=2,
         )
-    if not plan.staged:
-        return tvm.IRModule(dict(target.functions_items()), attrs=target.attrs)
     kernel_call = is_gv()(varg_default_wildcard=True) | ExternFuncPattern("")(varg_default_wildcard=True)
     # A staged call still matches the pattern; the rewriter declines it, so one pass suffices.
     return rewrite_call(kernel_call, _staging_rewriter(plan), target, max_iterations=1)
