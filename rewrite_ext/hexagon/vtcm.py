@@ -7,9 +7,10 @@ chosen is copied into VTCM just before the call, and the call reads the copy::
 
 becomes::
 
-    vtcm_storage = R.vm.alloc_storage(R.shape([N]), 0, R.dtype("uint8"), R.str("global.vtcm"))
+    vtcm_storage = R.vm.alloc_storage(R.shape([N0]), 0, R.dtype("uint8"), R.str("global.vtcm"))
     x_vtcm = R.vm.alloc_tensor(vtcm_storage, 0, R.shape([4, 16]), R.dtype("float32"))
     R.vm.copy_tensor(x, x_vtcm)
+    vtcm_storage1 = R.vm.alloc_storage(R.shape([N1]), 0, R.dtype("uint8"), R.str("global.vtcm"))
     w_vtcm = R.vm.alloc_tensor(vtcm_storage1, 0, R.shape([16, 32]), R.dtype("float32"))
     R.vm.copy_tensor(w, w_vtcm)
     matmul(x_vtcm, w_vtcm, out)
@@ -19,7 +20,8 @@ transfers.  VTCM is planned before anything is emitted (:func:`plan_vtcm`):
 a staged tensor lives from its copy to the end of its kernel call, so the
 tensors of different calls share space, and every tensor sits at offset 0
 of a storage of its own *slot* (TVM's CPU kernels reject tensors at a
-non-zero byte offset).  The slots together stay within the VTCM capacity;
+non-zero byte offset); a slot's storage is emitted at its first use and
+serves the later calls.  The slots together stay within the VTCM capacity;
 a tensor that cannot fit is left in place and reported.
 
 :func:`cpu_vtcm` lets such a module run on the CPU, where the allocator
