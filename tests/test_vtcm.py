@@ -13,6 +13,7 @@ import tvm_ffi
 from hypothesis import given
 from hypothesis import strategies as st
 from tvm import relax
+from tvm.relax.frontend import nn
 from tvm.script import ir as I
 from tvm.script import relax as R
 
@@ -231,6 +232,31 @@ def test_call_packed_arguments_only_when_selected():
     assert vtcm.allocations == [128] and dma.copies == dma.completed == 1
 
 
+@I.ir_module
+class Branchy:
+    @R.function
+    def main(c: R.Tensor((), "bool"), x: R.Tensor((4,), "float32")):
+        y = R.add(x, x)
+        if c:
+            z = R.multiply(y, y)
+        else:
+            z = R.subtract(y, x)
+        w = R.add(z, y)
+        return w
+
+
+def test_calls_inside_if_branches_are_left_alone():
+    # a storage emitted inside a branch would not be visible to the rest of the function
+    lowered = LOWER(Branchy)
+    plan = plan_vtcm(lowered)
+    assert [(t.kernel, t.argument) for t in plan.tensors] == [("add", "x"), ("add", "z"), ("add", "y")]
+    staged = _staged(lowered)
+    relax.analysis.well_formed(staged)
+    text = staged["main"].script()
+    assert "multiply(y, y, alloc1)" in text and "subtract(y, x, alloc2)" in text
+    assert "add(z_vtcm, y_vtcm, alloc3)" in text
+
+
 # -- running on the CPU ------------------------------------------------------------------
 
 
@@ -274,6 +300,43 @@ def test_mlp_lowered_by_tvm_staged_and_dma_equals_the_model(capacity, overlap):
     assert (len(plan.left_in_place) > 0) == (capacity == 36000)
     if overlap:
         assert dma.peak_in_flight[0] == 2  # a kernel's two inputs in flight together
+
+
+class Block(nn.Module):
+    """A small GPT-style block: LayerNorm, single-head attention, residual, LayerNorm, MLP, residual."""
+
+    def __init__(self, d: int = 32, hidden: int = 64) -> None:
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc1, self.fc2 = nn.Linear(d, hidden), nn.Linear(hidden, d)
+        self.scale = d**-0.5
+
+    def forward(self, x: nn.Tensor) -> nn.Tensor:
+        q, k, v = nn.op.split(self.qkv(self.ln1(x)), 3, axis=-1)
+        att = nn.op.softmax(nn.op.matmul(q, nn.op.permute_dims(k, [0, 2, 1])) * self.scale, axis=-1)
+        x = x + self.proj(nn.op.matmul(att, v))
+        return x + self.fc2(nn.relu(self.fc1(self.ln2(x))))
+
+
+def test_gpt_block_staged_in_a_small_vtcm_over_two_queues_equals_the_model():
+    model, params = Block().export_tvm(spec={"forward": {"x": nn.spec.Tensor((1, 8, 32), "float32")}})
+    rng = np.random.default_rng(1)
+    inputs = [rng.standard_normal(s).astype("float32") for s in [(1, 8, 32)] + [tuple(p.shape) for _, p in params]]
+    expected = _run(model, inputs, "forward")
+    lowered = LOWER(model)
+    plan = plan_vtcm(lowered, capacity=8000)
+    # the 12 KiB and 8 KiB weights do not fit; everything else shares three slots
+    assert {t.nbytes for t in plan.left_in_place} == {12288, 8192}
+    assert len(plan.slots["forward"]) == 3
+    with pytest.warns(VTCMCapacityWarning):
+        staged = stage_in_vtcm(lowered, capacity=8000)
+    with cpu_vtcm() as vtcm, cpu_dma() as dma:
+        got = _run(copy_to_dma(staged, overlap=True, num_queues=2), inputs, "forward")
+    np.testing.assert_array_equal(got, expected)
+    assert dma.copies == dma.completed == len(plan.staged)
+    assert dma.bytes_copied == sum(t.nbytes for t in plan.staged)
+    assert sorted(vtcm.allocations) == sorted(plan.slots["forward"])
+    assert set(dma.peak_in_flight) == {0, 1}
 
 
 def test_the_example_runs_and_reports():
