@@ -289,6 +289,8 @@ def test_mlp_lowered_by_tvm_staged_and_dma_equals_the_model(capacity, overlap):
         warnings.simplefilter("ignore", VTCMCapacityWarning)
         staged = copy_to_dma(stage_in_vtcm(lowered, capacity=capacity), overlap=overlap)
     relax.analysis.well_formed(staged)
+    # relax.build runs these passes again: they must leave the staged IR as it is
+    tvm.ir.assert_structural_equal(LOWER(staged), staged)
     with cpu_vtcm() as vtcm, cpu_dma() as dma:
         got = _run(staged, inputs, "forward")
     np.testing.assert_array_equal(got, expected)
