@@ -301,7 +301,7 @@ def test_mlp_lowered_by_tvm_staged_and_dma_equals_the_model(capacity, overlap):
     assert sum(vtcm.allocations) <= plan.capacity
     assert (len(plan.left_in_place) > 0) == (capacity == 36000)
     if overlap:
-        assert dma.peak_in_flight[0] == 2  # a kernel's two inputs in flight together
+        assert dma.peak_in_flight[0] >= 2  # a kernel's two inputs in flight together
 
 
 class Block(nn.Module):

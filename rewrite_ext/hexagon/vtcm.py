@@ -235,8 +235,8 @@ def _assign_slots(calls: list[list[int]], capacity: int) -> tuple[list[int], lis
         where: list[int | None] = [None] * len(needs)
         for i in sorted(range(len(needs)), key=lambda i: -needs[i]):
             need = needs[i]
-            fitting = [s for s in free if sizes[s] >= need]
-            largest = max(free, key=sizes.__getitem__, default=None)
+            fitting = [s for s in sorted(free) if sizes[s] >= need]
+            largest = max(sorted(free), key=sizes.__getitem__, default=None)
             if fitting:
                 slot = min(fitting, key=sizes.__getitem__)
             elif largest is not None and sum(sizes) + need - sizes[largest] <= capacity:
