@@ -5,6 +5,7 @@ from __future__ import annotations
 from .cpu_dma import CPUDMA, DMAError, cpu_dma
 from .dma import DMA_COPY, DMA_WAIT, CopyToDMA, copy_tensor_pattern, copy_to_dma
 from .overlap import TransferOverlap, format_overlap_report, overlap_report, sink_dma_waits
+from .vtcm import CPUVTCM, VTCM_SCOPE, StagedTensor, VTCMCapacityWarning, VTCMPlan, cpu_vtcm, plan_vtcm, stage_in_vtcm, vtcm_capacity
 
 __all__ = [
     "CPUDMA",

@@ -1,0 +1,499 @@
+"""The second reference rewrite: stage kernel inputs into VTCM.
+
+For each kernel call of a lowered (VM-level) function, each input argument
+chosen is copied into VTCM just before the call, and the call reads the copy::
+
+    matmul(x, w, out)
+
+becomes::
+
+    vtcm_storage = R.vm.alloc_storage(R.shape([N0]), 0, R.dtype("uint8"), R.str("global.vtcm"))
+    x_vtcm = R.vm.alloc_tensor(vtcm_storage, 0, R.shape([4, 16]), R.dtype("float32"))
+    R.vm.copy_tensor(x, x_vtcm)
+    vtcm_storage1 = R.vm.alloc_storage(R.shape([N1]), 0, R.dtype("uint8"), R.str("global.vtcm"))
+    w_vtcm = R.vm.alloc_tensor(vtcm_storage1, 0, R.shape([16, 32]), R.dtype("float32"))
+    R.vm.copy_tensor(w, w_vtcm)
+    matmul(x_vtcm, w_vtcm, out)
+
+:func:`rewrite_ext.hexagon.copy_to_dma` then turns the copies into DMA
+transfers.  VTCM is planned before anything is emitted (:func:`plan_vtcm`):
+a staged tensor lives from its copy to the end of its kernel call, so the
+tensors of different calls share space, and every tensor sits at offset 0
+of a storage of its own *slot* (TVM's CPU kernels reject tensors at a
+non-zero byte offset); a slot's storage is emitted at its first use and
+serves the later calls.  The slots together stay within the VTCM capacity;
+a tensor that cannot fit is left in place and reported.
+
+:func:`cpu_vtcm` lets such a module run on the CPU, where the allocator
+knows no ``global.vtcm`` scope.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, ClassVar, NamedTuple
+
+import tvm
+import tvm.relax.op.vm as relax_vm
+import tvm_ffi
+from tvm import relax
+from tvm.relax.dpl import ExternFuncPattern, is_gv
+
+from .. import ops
+from .._ir import function_name, static_nbytes, var_name
+from ..rewrite import rewrite_call
+
+__all__ = [
+    "VTCM_SCOPE",
+    "CPUVTCM",
+    "StagedTensor",
+    "VTCMCapacityWarning",
+    "VTCMPlan",
+    "cpu_vtcm",
+    "plan_vtcm",
+    "stage_in_vtcm",
+    "vtcm_capacity",
+]
+
+#: The storage scope of Hexagon's VTCM.
+VTCM_SCOPE = "global.vtcm"
+
+#: The target whose capacity applies when none is given or current: 4 MiB.
+DEFAULT_TARGET = "qcom/hexagon-v68"
+
+Select = Callable[[relax.Call, int], bool]
+"""``select(call, index)``: whether to stage argument ``index`` of kernel call ``call``."""
+
+
+class VTCMCapacityWarning(UserWarning):
+    """Some tensors chosen for staging did not fit in VTCM and were left in place."""
+
+
+def vtcm_capacity(target: int | str | tvm.target.Target | None = None) -> int:
+    """The VTCM bytes of a target.
+
+    Parameters
+    ----------
+    target : Union[int, str, tvm.target.Target, None]
+        Bytes, or a Hexagon target (``"qcom/hexagon-v68"``: 4 MiB,
+        ``"qcom/hexagon-v73"``: 8 MiB, ...) whose attribute ``vtcm-capacity``
+        is read.  None: the current target if it has that attribute, else
+        ``qcom/hexagon-v68``.
+
+    Returns
+    -------
+    capacity : int
+        The capacity in bytes.
+    """
+    if isinstance(target, bool) or (isinstance(target, int) and target < 0):
+        raise ValueError(f"capacity must be a number of bytes >= 0, got {target!r}")
+    if isinstance(target, int):
+        return target
+    if target is None:
+        current = tvm.target.Target.current(allow_none=True)
+        target = current if current is not None and "vtcm-capacity" in current.attrs else DEFAULT_TARGET
+    if isinstance(target, str):
+        target = tvm.target.Target(target)
+    capacity = target.attrs.get("vtcm-capacity")
+    if capacity is None:
+        raise ValueError(
+            f"target {target} has no 'vtcm-capacity' attribute; pass a Hexagon target such as "
+            f"'{DEFAULT_TARGET}' or the capacity in bytes"
+        )
+    return int(capacity)
+
+
+@dataclass(frozen=True)
+class StagedTensor:
+    """One kernel argument chosen for staging.
+
+    Attributes
+    ----------
+    function : str
+        The Relax function holding the call.
+    kernel : str
+        The callee: a PrimFunc's name or a packed function's symbol.
+    argument : str
+        The argument as printed (a var's name).
+    indices : tuple[int, ...]
+        Its positions among the call's arguments (more than one when the
+        same tensor is passed twice; it is staged once).
+    nbytes : int
+        Its size.
+    slot : Optional[int]
+        The VTCM slot it is copied into, or None when it was left in place.
+    """
+
+    function: str
+    kernel: str
+    argument: str
+    indices: tuple[int, ...]
+    nbytes: int
+    slot: int | None
+
+    def __str__(self) -> str:
+        where = f"slot {self.slot}" if self.slot is not None else "left in place"
+        return f"{self.function}: {self.kernel} argument {self.argument} ({self.nbytes} bytes): {where}"
+
+
+@dataclass(frozen=True)
+class VTCMPlan:
+    """Where each staged tensor goes, per function.
+
+    Attributes
+    ----------
+    capacity : int
+        The VTCM bytes planned for.
+    tensors : tuple[StagedTensor, ...]
+        Every argument chosen, in program order, staged or left in place.
+    slots : dict[str, tuple[int, ...]]
+        Per function with staged tensors, the bytes of each slot (one
+        ``global.vtcm`` storage each); their sum is at most ``capacity``.
+    """
+
+    capacity: int
+    tensors: tuple[StagedTensor, ...]
+    slots: dict[str, tuple[int, ...]]
+    # The staged arguments of each call, keyed by the call itself (identity).
+    _by_call: dict[relax.Call, list[StagedTensor]] = field(repr=False, compare=False)
+
+    @property
+    def staged(self) -> list[StagedTensor]:
+        """The tensors copied into VTCM."""
+        return [t for t in self.tensors if t.slot is not None]
+
+    @property
+    def left_in_place(self) -> list[StagedTensor]:
+        """The tensors that did not fit."""
+        return [t for t in self.tensors if t.slot is None]
+
+    def __str__(self) -> str:
+        used = ", ".join(f"{name}: {sum(sizes)} bytes in {len(sizes)} slot(s)" for name, sizes in self.slots.items())
+        lines = [
+            f"# VTCM plan: capacity {self.capacity} bytes; {len(self.staged)} tensor(s) staged, "
+            f"{len(self.left_in_place)} left in place" + (f"; {used}" if used else "")
+        ]
+        lines += [f"#   {t}" for t in self.tensors]
+        return "\n".join(lines)
+
+
+# -- planning ----------------------------------------------------------------------------
+
+
+def _written_params(func: tvm.tirx.PrimFunc) -> set[int]:
+    """The indices of the PrimFunc parameters it may write."""
+    from tvm.s_tir import SBlockRealize
+    from tvm.s_tir.analysis import get_sblock_read_write_region
+
+    params = list(func.params)
+    if not isinstance(func.body, SBlockRealize):  # a scheduled or hand-written kernel: assume all
+        return set(range(len(params)))
+    # Opaque accesses count as writes too.
+    _, writes = get_sblock_read_write_region(func.body.block, {p: p for p in params})
+    written = {region.source for region in writes}
+    return {i for i, p in enumerate(params) if any(p.same_as(w) for w in written)}
+
+
+_ALLOC_TENSOR = ("relax.vm.alloc_tensor", "relax.memory.alloc_tensor")
+
+
+def _scope_of(call: relax.Call) -> str | None:
+    """The storage scope of an ``alloc_storage`` call (``R.vm`` or ``R.memory``)."""
+    if isinstance(call.op, tvm.ir.Op) and call.op.name in ("relax.vm.alloc_storage", "relax.memory.alloc_storage"):
+        return next((str(a.value) for a in call.args if isinstance(a, tvm.ir.StringImm)), None)
+    return None
+
+
+def _kernel(call: relax.Call, mod: tvm.IRModule) -> tuple[str, set[int] | None] | None:
+    """The callee's name and the arguments it may write (None: unknown), if a kernel call."""
+    if isinstance(call.op, relax.GlobalVar) and isinstance(mod[call.op], tvm.tirx.PrimFunc):
+        return call.op.name_hint, _written_params(mod[call.op])
+    if isinstance(call.op, relax.ExternFunc):  # R.call_packed: what it writes is unknown
+        return str(call.op.global_symbol), None
+    return None
+
+
+def _default_select(call: relax.Call, _index: int) -> bool:
+    # PrimFunc inputs only: a packed function may write any argument, and a
+    # staged argument is copied in, never back out.
+    return isinstance(call.op, relax.GlobalVar)
+
+
+def _assign_slots(calls: list[list[int]], capacity: int) -> tuple[list[int], list[list[int | None]]]:
+    """Slots for tensors that live together per call: best fit, else grow, else a new slot.
+
+    Tensors of one call need distinct slots; tensors of different calls never
+    overlap in time, so they share.  Larger tensors are placed first.
+    """
+    sizes: list[int] = []
+    placed: list[list[int | None]] = []
+    for needs in calls:
+        free = set(range(len(sizes)))
+        where: list[int | None] = [None] * len(needs)
+        for i in sorted(range(len(needs)), key=lambda i: -needs[i]):
+            need = needs[i]
+            fitting = [s for s in sorted(free) if sizes[s] >= need]
+            largest = max(sorted(free), key=sizes.__getitem__, default=None)
+            if fitting:
+                slot = min(fitting, key=sizes.__getitem__)
+            elif largest is not None and sum(sizes) + need - sizes[largest] <= capacity:
+                slot, sizes[largest] = largest, need
+            elif sum(sizes) + need <= capacity:
+                slot = len(sizes)
+                sizes.append(need)
+            else:
+                continue
+            free.discard(slot)
+            where[i] = slot
+        placed.append(where)
+    return sizes, placed
+
+
+class _Choice(NamedTuple):
+    argument: str
+    indices: tuple[int, ...]
+    nbytes: int
+
+
+def _plan_function(
+    func: relax.Function, name: str, mod: tvm.IRModule, select: Select, capacity: int
+) -> tuple[list[tuple[relax.Call, list[_Choice]]], list[int], list[list[int | None]]]:
+    """The kernel calls with arguments chosen, the slot sizes, and each choice's slot."""
+    # Only the function's own blocks: VTCM storages emitted there stay visible to
+    # every later block.  Calls inside If branches or local functions are not staged.
+    in_vtcm: set[relax.Var] = set()
+    calls = []
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            value = binding.value
+            if isinstance(value, relax.Var) and value in in_vtcm:
+                in_vtcm.add(binding.var)
+            if not isinstance(value, relax.Call):
+                continue
+            if _scope_of(value) == VTCM_SCOPE or (
+                isinstance(value.op, tvm.ir.Op) and value.op.name in _ALLOC_TENSOR and value.args[0] in in_vtcm
+            ):
+                in_vtcm.add(binding.var)  # a VTCM storage, or a tensor allocated in one
+            kernel = _kernel(value, mod)
+            if kernel is None:
+                continue
+            chosen: dict[relax.Expr, list[int]] = {}
+            for index, arg in enumerate(value.args):
+                if arg in in_vtcm or static_nbytes(arg.ty) in (None, 0):
+                    continue
+                if kernel[1] is not None and index in kernel[1]:
+                    continue  # an output: copying it in would lose what the kernel writes
+                if select(value, index):
+                    chosen.setdefault(arg, []).append(index)
+            if chosen:
+                calls.append((value, [_Choice(_arg_name(a), tuple(ix), static_nbytes(a.ty)) for a, ix in chosen.items()]))
+    sizes, placed = _assign_slots([[c.nbytes for c in choices] for _, choices in calls], capacity)
+    return calls, sizes, placed
+
+
+def _arg_name(arg: relax.Expr) -> str:
+    return var_name(arg) if isinstance(arg, relax.Var) else type(arg).__name__
+
+
+def plan_vtcm(
+    target: tvm.IRModule, *, select: Select | None = None, capacity: int | str | tvm.target.Target | None = None
+) -> VTCMPlan:
+    """Plan which kernel arguments :func:`stage_in_vtcm` stages and where.
+
+    Parameters
+    ----------
+    target, select, capacity
+        As for :func:`stage_in_vtcm`.
+
+    Returns
+    -------
+    plan : VTCMPlan
+        Every argument chosen, its slot or None, and each function's slots.
+    """
+    if not isinstance(target, tvm.IRModule):
+        raise TypeError(
+            f"stage_in_vtcm needs the IRModule (its PrimFuncs tell kernel inputs from outputs), "
+            f"got {type(target).__name__}"
+        )
+    select = select or _default_select
+    total = vtcm_capacity(capacity)
+    tensors: list[StagedTensor] = []
+    slots: dict[str, tuple[int, ...]] = {}
+    by_call: dict[relax.Call, list[StagedTensor]] = {}
+    for gvar, func in target.functions_items():
+        if not isinstance(func, relax.Function):
+            continue
+        name = function_name(func, gvar.name_hint)
+        calls, sizes, placed = _plan_function(func, name, target, select, total)
+        if sizes:
+            slots[name] = tuple(sizes)
+        for (call, args), where in zip(calls, placed):
+            kernel = _kernel(call, target)[0]
+            staged = [StagedTensor(name, kernel, *choice, slot) for choice, slot in zip(args, where)]
+            tensors += staged
+            by_call[call] = [t for t in staged if t.slot is not None]
+    return VTCMPlan(total, tuple(tensors), slots, by_call)
+
+
+# -- the rewrite -------------------------------------------------------------------------
+
+
+def _staging_rewriter(plan: VTCMPlan) -> Callable[[relax.Expr, dict, relax.BlockBuilder], relax.Expr | None]:
+    """The rewriter for kernel calls, the example to read."""
+    storages: dict[tuple[str, int], relax.Var] = {}  # one storage per slot, emitted at first use
+
+    def stage_rewriter(orig: relax.Call, _matchings: dict, builder: relax.BlockBuilder) -> relax.Expr | None:
+        staged = plan._by_call.get(orig)
+        if not staged:
+            return None  # nothing chosen, nothing fits, or a call staged already
+        args = list(orig.args)  # the call's own args: robust whatever `matchings` holds
+        for tensor in staged:
+            key = (tensor.function, tensor.slot)
+            if key not in storages:
+                size = relax.ShapeExpr([plan.slots[tensor.function][tensor.slot]])
+                storages[key] = builder.emit(
+                    relax_vm.alloc_storage(size, 0, "uint8", VTCM_SCOPE), name_hint="vtcm_storage"
+                )
+            arg = args[tensor.indices[0]]
+            # Offset 0: TVM's CPU kernels reject tensors at a non-zero byte offset.
+            copy = builder.emit(
+                relax_vm.alloc_tensor(storages[key], 0, arg.ty.shape, str(arg.ty.dtype)),
+                name_hint=f"{tensor.argument}_vtcm",
+            )
+            builder.emit(ops.copy_tensor(arg, copy))
+            for index in tensor.indices:
+                args[index] = copy
+        return relax.Call(orig.op, args, orig.attrs, orig.ty_args, orig.span)
+
+    return stage_rewriter
+
+
+def stage_in_vtcm(
+    target: tvm.IRModule,
+    *,
+    select: Select | None = None,
+    capacity: int | str | tvm.target.Target | None = None,
+) -> tvm.IRModule:
+    """Copy kernel inputs into VTCM just before each kernel call.
+
+    Works on VM-level IR: functions lowered by TVM's passes up to memory
+    planning (``CallTIRRewrite``, ``StaticPlanBlockMemory``,
+    ``LowerAllocTensor``), where a ``call_tir`` is a call of its PrimFunc
+    with the outputs passed last, and ``call_packed`` a call of an
+    ``ExternFunc``.  Only calls in a function's own binding blocks are
+    staged, not those inside If branches or local functions.
+
+    Parameters
+    ----------
+    target : tvm.IRModule
+        The lowered module; its PrimFuncs tell inputs from outputs.
+    select : Optional[Callable[[relax.Call, int], bool]]
+        ``select(call, index)``: whether to stage argument ``index`` of a
+        kernel call.  It is asked only about tensor arguments of static size
+        that are not in VTCM already and that the kernel does not write (a
+        staged tensor is copied in, never back).  Default: every such
+        argument of a PrimFunc call; none of a ``call_packed``, which may
+        write any argument (choose those you know it only reads).
+    capacity : Union[int, str, tvm.target.Target, None]
+        VTCM bytes per function, or a Hexagon target whose
+        ``vtcm-capacity`` is used (see :func:`vtcm_capacity`).  Default: the
+        current target's, else ``qcom/hexagon-v68``'s 4 MiB.
+
+    Returns
+    -------
+    result : tvm.IRModule
+        A new module.  If some chosen tensors did not fit, they are left in
+        place and a :class:`VTCMCapacityWarning` names them;
+        :func:`plan_vtcm` gives the same plan as data.
+
+    Examples
+    --------
+    .. code-block:: python
+
+        mod = stage_in_vtcm(mod, capacity="qcom/hexagon-v68")
+        mod = copy_to_dma(mod, overlap=True)
+    """
+    plan = plan_vtcm(target, select=select, capacity=capacity)
+    if plan.left_in_place:
+        warnings.warn(
+            f"stage_in_vtcm: {len(plan.left_in_place)} tensor(s) do not fit in {plan.capacity} bytes of "
+            "VTCM and stay where they are: " + "; ".join(str(t) for t in plan.left_in_place),
+            VTCMCapacityWarning,
+            stacklevel=2,
+        )
+    kernel_call = is_gv()(varg_default_wildcard=True) | ExternFuncPattern("")(varg_default_wildcard=True)
+    # A staged call still matches the pattern; the rewriter declines it, so one pass suffices.
+    return rewrite_call(kernel_call, _staging_rewriter(plan), target, max_iterations=1)
+
+
+# -- running on the CPU ------------------------------------------------------------------
+
+_ALLOC_STORAGE = "vm.builtin.alloc_storage"
+
+
+class CPUVTCM:
+    """The VTCM allocator stand-in; use it through :func:`cpu_vtcm`.
+
+    Attributes
+    ----------
+    allocations : list[int]
+        The bytes of each ``global.vtcm`` storage allocated, in order.
+    """
+
+    _active: ClassVar[CPUVTCM | None] = None
+
+    def __init__(self) -> None:
+        self.allocations: list[int] = []
+        self._saved: Any = None
+
+    def __enter__(self) -> CPUVTCM:
+        if CPUVTCM._active is not None:
+            raise RuntimeError("cpu_vtcm() does not nest: leave the active one first")
+        self.allocations = []
+        self._saved = tvm_ffi.get_global_func(_ALLOC_STORAGE)
+        saved = self._saved
+
+        def alloc_storage(ctx: Any, shape: Any, device_index: int, dtype: Any, scope: str) -> Any:
+            if str(scope) == VTCM_SCOPE:
+                self.allocations.append(int(shape[0]))
+                scope = "global"
+            return saved(ctx, shape, device_index, dtype, scope)
+
+        tvm.register_global_func(_ALLOC_STORAGE, alloc_storage, override=True)
+        CPUVTCM._active = self
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        tvm.register_global_func(_ALLOC_STORAGE, self._saved, override=True)
+        CPUVTCM._active = None
+
+
+def cpu_vtcm() -> CPUVTCM:
+    """Let ``global.vtcm`` storage be allocated on the CPU, within a ``with`` block.
+
+    TVM's CPU allocator rejects the scope at run time ("This alloc should be
+    implemented").  Inside the block, ``vm.builtin.alloc_storage`` allocates
+    ``global.vtcm`` storage as ``global`` and records its size; leaving the
+    block restores TVM's builtin.  The VM binds builtins when it is
+    constructed: construct it inside the block.
+
+    Returns
+    -------
+    vtcm : CPUVTCM
+        A context manager whose ``allocations`` list the VTCM storages made.
+
+    Examples
+    --------
+    .. code-block:: python
+
+        with cpu_vtcm() as vtcm, cpu_dma() as dma:
+            vm = relax.VirtualMachine(relax.build(mod, target="llvm"), tvm.cpu())
+            out = vm["main"](x)
+        assert sum(vtcm.allocations) <= vtcm_capacity("qcom/hexagon-v68")
+    """
+    return CPUVTCM()
