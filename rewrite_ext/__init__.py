@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from . import ops
 from .errors import RewriteError
+from .report import RewriteReport, RuleReport
 from .rewrite import RewriteCall, RewriteRules, apply_rules, rewrite_call
 from .rule import Decline, Rewriter, Rule
 
@@ -18,9 +19,11 @@ __all__ = [
     "Decline",
     "RewriteCall",
     "RewriteError",
+    "RewriteReport",
     "RewriteRules",
     "Rewriter",
     "Rule",
+    "RuleReport",
     "apply_rules",
     "ops",
     "rewrite_call",

@@ -11,61 +11,60 @@ every match or, when that cannot vouch, by TVM's full check.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-
 import tvm
 from tvm import relax
 
-from . import _ir
-from ._walker import NAMES_SHOWN, FunctionPass, RuleSet, RuleStats
+from . import _cleanup, _ir
+from ._walker import NAMES_SHOWN, FunctionPass, RuleSet
 from ._wellformed import LocalCheck, full_check
 from .errors import RewriteError
+from .report import Recorder, RewriteReport
 from .rule import Rule
 
 
-@dataclass
-class Outcome:
-    """What a rewrite did: the result, the passes run, each rule's statistics."""
+def apply(
+    rules: Sequence[Rule],
+    target: relax.Function | tvm.IRModule,
+    max_iterations: int,
+    report: RewriteReport | None = None,
+    cleanup: bool = False,
+) -> relax.Function | tvm.IRModule:
+    """Rewrite ``target`` with ``rules`` to a fixed point and check the result.
 
-    result: relax.Function | tvm.IRModule
-    passes: dict[str, int] = field(default_factory=dict)
-    """Passes run per function."""
-    stats: dict[int, RuleStats] = field(default_factory=dict)
-
-
-def apply(rules: Sequence[Rule], target: relax.Function | tvm.IRModule, max_iterations: int) -> Outcome:
-    """Rewrite ``target`` with ``rules`` to a fixed point and check the result."""
+    ``cleanup``: run TVM's cleanups (``_cleanup.cleanup``) after every pass that changed something.
+    """
     if not isinstance(max_iterations, int) or isinstance(max_iterations, bool) or max_iterations < 1:
         raise ValueError(f"max_iterations must be a positive int, got {max_iterations!r}")
+    if report is not None and not isinstance(report, RewriteReport):
+        raise TypeError(f"report must be a rewrite_ext.RewriteReport, got {type(report).__name__}")
     ruleset = RuleSet(rules)
+    recorder = Recorder.make(report)
+    if report is not None:
+        for rule in rules:
+            report.rule(rule)  # every rule has a row, matched or not
     if isinstance(target, relax.Function):
         check = LocalCheck(None)
-        outcome = Outcome(target)
         name = _ir.function_name(target)
-        outcome.result = _rewrite_function(ruleset, target, name, None, max_iterations, check, outcome)
-        if not outcome.result.same_as(target):
-            _verify(outcome.result, [name], ruleset, check)
-        return outcome
+        result = _rewrite_function(ruleset, target, name, None, max_iterations, check, recorder, cleanup)
+        if not result.same_as(target):
+            _verify(result, [name], ruleset, check)
+        return result
     if isinstance(target, tvm.IRModule):
         check = LocalCheck({hash(gv) for gv in target.get_global_vars()})
-        outcome = Outcome(target)
         functions = dict(target.functions_items())
         changed = []
         for gvar, func in target.functions_items():
             if isinstance(func, relax.Function):
                 new_func = _rewrite_function(
-                    ruleset, func, gvar.name_hint, target, max_iterations, check, outcome
+                    ruleset, func, gvar.name_hint, target, max_iterations, check, recorder, cleanup
                 )
                 if not new_func.same_as(func):
                     functions[gvar] = new_func
                     changed.append(gvar.name_hint)
+        new_mod = tvm.IRModule(functions, attrs=target.attrs, global_infos=target.global_infos)
         if changed:
-            new_mod = tvm.IRModule(functions, attrs=target.attrs, global_infos=target.global_infos)
             _verify(new_mod, changed, ruleset, check)
-            outcome.result = new_mod
-        else:
-            outcome.result = tvm.IRModule(functions, attrs=target.attrs, global_infos=target.global_infos)
-        return outcome
+        return new_mod
     raise TypeError(f"target must be a relax.Function or an IRModule, got {type(target).__name__}")
 
 
@@ -76,19 +75,16 @@ def _rewrite_function(
     mod: tvm.IRModule | None,
     max_iterations: int,
     check: LocalCheck,
-    outcome: Outcome,
+    recorder: Recorder | None,
+    cleanup: bool,
 ) -> relax.Function:
     kept: set[tuple[int, int]] = set()
     interior: list[relax.Var] = []
     current = func
     for count in range(max_iterations + 1):
-        result = FunctionPass(rules, name, mod, kept, check).run(current)
-        outcome.passes[name] = count + 1
-        for index, stats in result.stats.items():
-            total = outcome.stats.setdefault(index, RuleStats())
-            total.rewritten += stats.rewritten
-            total.kept += stats.kept
-            total.declined.extend(stats.declined)
+        result = FunctionPass(rules, name, mod, kept, check, recorder).run(current)
+        if recorder is not None:
+            recorder.passes(name, count + 1)
         if not result.changes:
             break
         if count == max_iterations:
@@ -102,7 +98,10 @@ def _rewrite_function(
                 "match its own pattern, or raise max_iterations"
             )
         current = result.func
-        interior.extend(result.interior)
+        if cleanup:
+            current = _cleanup.cleanup(current)
+        else:
+            interior.extend(result.interior)
     if interior:
         current = _ir.drop_unused_bindings(current, interior)
     return current
@@ -130,4 +129,4 @@ def _verify(obj: relax.Function | tvm.IRModule, names: list[str], rules: RuleSet
     )
 
 
-__all__ = ["Outcome", "apply", "NAMES_SHOWN"]
+__all__ = ["apply", "NAMES_SHOWN"]

@@ -29,6 +29,7 @@ from ._builder import BuilderMisuse, RewriterBuilder
 from . import _wellformed
 from ._wellformed import LocalCheck
 from .errors import RewriteError, remember
+from .report import Recorder
 from .rule import Decline, Rule
 
 _NESTED = (relax.If, relax.Function, relax.SeqExpr)
@@ -75,16 +76,6 @@ class RuleSet:
 
 
 @dataclass
-class RuleStats:
-    """What happened to one rule's matches in a pass."""
-
-    rewritten: int = 0
-    kept: int = 0
-    declined: list[tuple[str, str, str]] = field(default_factory=list)
-    """(function, binding, reason) of each declined match."""
-
-
-@dataclass
 class PassResult:
     """What one pass over a function did."""
 
@@ -95,7 +86,6 @@ class PassResult:
     """The first ``NAMES_SHOWN`` of those bindings' vars, for messages."""
     interior: list[relax.Var] = field(default_factory=list)
     """Pure bindings seen through by a match, to drop if nothing reads them any more."""
-    stats: dict[int, RuleStats] = field(default_factory=dict)
 
 
 @dataclass
@@ -145,8 +135,10 @@ class FunctionPass(PyExprMutator):
         mod: tvm.IRModule | None,
         kept: set[tuple[int, int]],
         check: LocalCheck,
+        recorder: Recorder | None = None,
     ) -> None:
         super().__init__(mod)
+        self.recorder = recorder
         self.builder_ = RewriterBuilder(mod)
         self.rules = rules
         self.top_name = name
@@ -300,15 +292,17 @@ class FunctionPass(PyExprMutator):
             for pattern in enclosing:
                 matchings[pattern] = value
         bound = {hash(val): var for var, val in reachable.items()} if reachable else None
+        recorder = self.recorder
+        if recorder is not None:
+            recorder.offered(rule)
         emitted, new_value, reason = self._call_rewriter(rule, binding, value, matchings, bound, block)
-        stats = self.result.stats.setdefault(index, RuleStats())
+        if reason is None and not emitted and (new_value.same_as(value) or _equal_rebuild(new_value, value)):
+            reason = "no change"
         if reason is not None:
-            stats.declined.append((self._scope_name(), _ir.var_name(binding.var), reason))
+            if recorder is not None:
+                recorder.declined(rule, self._scope_name(), binding, reason)
             return False
         keep = new_value.same_as(value) or _equal_rebuild(new_value, value)
-        if keep and not emitted:
-            stats.declined.append((self._scope_name(), _ir.var_name(binding.var), "no change"))
-            return False
         self._check(rule, binding, value, emitted, None if keep else new_value, block)
         self.suspended += 1
         try:
@@ -325,11 +319,10 @@ class FunctionPass(PyExprMutator):
             self.suspended -= 1
         if keep:
             self.kept.add((index, hash(binding.var)))
-            stats.kept += 1
-        else:
-            stats.rewritten += 1
-            if bound:
-                self._note_interior(matched, value, bound)
+        elif bound:
+            self._note_interior(matched, value, bound)
+        if recorder is not None:
+            recorder.done(rule, self._scope_name(), binding, keep)
         if block.lookup is not None and (
             _ir.is_impure(value) or any(_ir.is_impure(extra.value) for extra in emitted)
         ):

@@ -15,6 +15,7 @@ from tvm.relax.dpl import DFPattern
 
 from . import _driver
 from .errors import remember
+from .report import RewriteReport
 from .rule import Rewriter, Rule, _takes_builder  # noqa: F401 - testing.checks reads it here
 
 __all__ = ["RewriteCall", "RewriteRules", "apply_rules", "rewrite_call"]
@@ -26,6 +27,9 @@ def rewrite_call(
     target: relax.Function | tvm.IRModule,
     *,
     max_iterations: int = 10,
+    report: RewriteReport | None = None,
+    dry_run: bool = False,
+    cleanup: bool = False,
 ) -> relax.Function | tvm.IRModule:
     """Rewrite every binding whose value matches ``pattern``.
 
@@ -73,6 +77,17 @@ def rewrite_call(
     max_iterations : int
         The most passes that may change something; one more pass must then
         change nothing.
+    report : Optional[RewriteReport]
+        Filled with what each rule did: bindings offered, rewritten, kept
+        and declined (with the reason), and the passes run.
+    dry_run : bool
+        Rewrite and check as usual, fill ``report``, and return ``target``
+        itself.
+    cleanup : bool
+        After each pass that changed something, run TVM's cleanups
+        (``CanonicalizeBindings``, common-subexpression elimination, removal
+        of unused pure bindings; never a void or impure binding), so results
+        come out as TVM's ``rewrite_call`` gives them.
 
     Returns
     -------
@@ -108,7 +123,14 @@ def rewrite_call(
         R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", (x, a, 0, True), ty_args=(R.Tuple,))
         R.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", (0, 0, True, x, a), ty_args=(R.Tuple,))
     """
-    return apply_rules([Rule(pattern, rewriter)], target, max_iterations=max_iterations)
+    return apply_rules(
+        [Rule(pattern, rewriter)],
+        target,
+        max_iterations=max_iterations,
+        report=report,
+        dry_run=dry_run,
+        cleanup=cleanup,
+    )
 
 
 def apply_rules(
@@ -116,6 +138,9 @@ def apply_rules(
     target: relax.Function | tvm.IRModule,
     *,
     max_iterations: int = 10,
+    report: RewriteReport | None = None,
+    dry_run: bool = False,
+    cleanup: bool = False,
 ) -> relax.Function | tvm.IRModule:
     """Rewrite ``target`` with several rules in one traversal per pass.
 
@@ -129,7 +154,7 @@ def apply_rules(
         The rules, in order of preference.
     target : Union[relax.Function, tvm.IRModule]
         As for :func:`rewrite_call`.
-    max_iterations : int
+    max_iterations, report, dry_run, cleanup
         As for :func:`rewrite_call`.
 
     Returns
@@ -138,7 +163,8 @@ def apply_rules(
         As for :func:`rewrite_call`.
     """
     rules = _as_rules(rules)
-    return _driver.apply(rules, target, max_iterations).result
+    result = _driver.apply(rules, target, max_iterations, report, cleanup)
+    return target if dry_run else result
 
 
 def _as_rules(rules: Sequence[Rule]) -> list[Rule]:
@@ -154,6 +180,8 @@ def RewriteRules(  # noqa: N802 - TVM names passes in CamelCase
     *,
     name: str | None = None,
     max_iterations: int = 10,
+    report: RewriteReport | None = None,
+    cleanup: bool = False,
 ) -> tvm.ir.transform.Pass:
     """A module pass applying :func:`apply_rules` to every Relax function.
 
@@ -164,8 +192,9 @@ def RewriteRules(  # noqa: N802 - TVM names passes in CamelCase
     name : Optional[str]
         The pass name (default ``"RewriteRules"``), as shown by pass
         instrumentation and ``PassContext`` options.
-    max_iterations : int
-        As for :func:`rewrite_call`.
+    max_iterations, report, cleanup
+        As for :func:`rewrite_call`; ``report`` accumulates over every run
+        of the pass.
 
     Returns
     -------
@@ -180,7 +209,7 @@ def RewriteRules(  # noqa: N802 - TVM names passes in CamelCase
 
     def transform(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         try:
-            return apply_rules(rules, mod, max_iterations=max_iterations)
+            return apply_rules(rules, mod, max_iterations=max_iterations, report=report, cleanup=cleanup)
         except BaseException as exc:
             remember(exc)
             raise
@@ -194,6 +223,8 @@ def RewriteCall(  # noqa: N802 - TVM names passes in CamelCase
     *,
     name: str | None = None,
     max_iterations: int = 10,
+    report: RewriteReport | None = None,
+    cleanup: bool = False,
 ) -> tvm.ir.transform.Pass:
     """A module pass applying :func:`rewrite_call` to every Relax function.
 
@@ -205,12 +236,18 @@ def RewriteCall(  # noqa: N802 - TVM names passes in CamelCase
         As for :func:`rewrite_call`.
     name : Optional[str]
         The pass name (default ``"RewriteCall"``).
-    max_iterations : int
-        As for :func:`rewrite_call`.
+    max_iterations, report, cleanup
+        As for :func:`RewriteRules`.
 
     Returns
     -------
     pass : tvm.ir.transform.Pass
         As for :func:`RewriteRules`.
     """
-    return RewriteRules([Rule(pattern, rewriter)], name=name or "RewriteCall", max_iterations=max_iterations)
+    return RewriteRules(
+        [Rule(pattern, rewriter)],
+        name=name or "RewriteCall",
+        max_iterations=max_iterations,
+        report=report,
+        cleanup=cleanup,
+    )
