@@ -32,9 +32,6 @@ from .errors import RewriteError, remember
 from .report import Recorder
 from .rule import Decline, Rule
 
-_NESTED = (relax.If, relax.Function, relax.SeqExpr)
-"""Values holding blocks of their own: TVM's mutator walks into them."""
-
 NAMES_SHOWN = 10
 """Bindings a non-convergence message names."""
 
@@ -229,7 +226,7 @@ class FunctionPass(PyExprMutator):
         return builder.end_frame()
 
     def _emit_unchanged(self, binding: relax.Binding, value: relax.Expr) -> None:
-        if not self.remapped and not isinstance(value, _NESTED):
+        if not self.remapped and not _ir.holds_blocks(value):
             _ir.emit_normalized(self.builder_, binding)
             return
         if not self.remapped:
@@ -307,7 +304,7 @@ class FunctionPass(PyExprMutator):
         self.suspended += 1
         try:
             for extra in emitted:
-                if self.remapped or isinstance(extra.value, _NESTED):
+                if self.remapped or _ir.holds_blocks(extra.value):
                     self.visit_binding(extra)
                 else:
                     _ir.emit_normalized(self.builder_, extra)
@@ -360,7 +357,7 @@ class FunctionPass(PyExprMutator):
             except Exception as exc:  # noqa: BLE001 - any failure of user code is reported
                 self._fail(binding, rule, f"the rewriter raised {type(exc).__name__}: {exc}", exc)
             builder.lent, builder.bound = False, None
-            if isinstance(new_value, relax.Expr) and not new_value.same_as(value):
+            if _ir.is_expr(new_value) and not new_value.same_as(value):
                 # Normalized in the rewriter's frame: nested values it binds count as emitted.
                 if bound:
                     new_value = _ir.replace_bound(new_value, bound)
@@ -387,7 +384,7 @@ class FunctionPass(PyExprMutator):
                     "the emitted ones before it, or raise Decline to drop them",
                 )
             return [], None, "returned None"
-        if not isinstance(new_value, relax.Expr):
+        if not _ir.is_expr(new_value):
             self._fail(
                 binding,
                 rule,
@@ -491,7 +488,7 @@ class FunctionPass(PyExprMutator):
         if self.remapped:
             new_value = self.visit_expr(new_value)
         var = binding.var
-        if isinstance(binding, relax.MatchCast):
+        if type(binding) is relax.MatchCast:
             new_binding = relax.MatchCast(var, new_value, binding.ty)
         else:
             new_var = self.with_type(var, new_value.ty)
