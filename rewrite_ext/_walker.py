@@ -62,14 +62,33 @@ class RuleSet:
         return self.any_value
 
     def block_has_candidate(self, block: relax.BindingBlock) -> bool:
+        """Whether a binding of ``block`` may match (or holds blocks of its own, if ``nested``)."""
+        return self._scan(block, nested=False)
+
+    def function_may_match(self, func: relax.Function) -> bool:
+        """Whether any binding of ``func`` may match; True also when it holds nested blocks.
+
+        A function where nothing can match is left alone without a walk of
+        TVM's mutator, which would cost more than this scan.
+        """
+        body = func.body
+        if self.any_value or type(body) is not relax.SeqExpr:
+            return True
+        return any(self._scan(block, nested=True) for block in body.blocks)
+
+    def _scan(self, block: relax.BindingBlock, nested: bool) -> bool:
         if self.any_value:
             return True
         by_op = self.by_op
         call = relax.Call
-        return any(
-            type(value) is call and hash(value.op) in by_op
-            for value in (binding.value for binding in _ir.bindings_of(block))
-        )
+        for binding in _ir.bindings_of(block):
+            value = binding.value
+            if type(value) is call:
+                if hash(value.op) in by_op:
+                    return True
+            elif nested and _ir.holds_blocks(value):
+                return True
+        return False
 
 
 @dataclass
@@ -154,6 +173,8 @@ class FunctionPass(PyExprMutator):
     def run(self, func: relax.Function) -> PassResult:
         self.result = PassResult(func)
         self.top = func
+        if not self.rules.function_may_match(func):
+            return self.result
         try:
             new_func = self.visit_expr(func)
         except BaseException:
