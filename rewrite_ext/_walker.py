@@ -314,13 +314,13 @@ class FunctionPass(PyExprMutator):
         if recorder is not None:
             recorder.offered(rule)
         emitted, new_value, reason = self._call_rewriter(rule, binding, value, matchings, bound, block)
-        if reason is None and not emitted and (new_value.same_as(value) or _equal_rebuild(new_value, value)):
+        keep = reason is None and (new_value.same_as(value) or _equal_rebuild(new_value, value))
+        if keep and not emitted:
             reason = "no change"
         if reason is not None:
             if recorder is not None:
                 recorder.declined(rule, self._scope_name(), binding, reason)
             return False
-        keep = new_value.same_as(value) or _equal_rebuild(new_value, value)
         self._check(rule, binding, value, emitted, None if keep else new_value, block)
         self.suspended += 1
         try:
@@ -383,7 +383,7 @@ class FunctionPass(PyExprMutator):
                 if bound:
                     new_value = _ir.replace_bound(new_value, bound)
                 try:
-                    new_value = builder.normalize(new_value)
+                    new_value = relax.BlockBuilder.normalize(builder, new_value)
                 except Exception as exc:  # noqa: BLE001 - TVM's type inference errors
                     self._fail(
                         binding, rule, f"the rewriter returned an expression TVM cannot normalize: {exc}", exc
