@@ -678,7 +678,7 @@ def test_a_rewriter_may_emit_before_a_binding_and_keep_it(force_pure):
     if force_pure:
         func = relax.Function(func.params, func.body, func.ret_ty, True, func.attrs).with_attr("relax.force_pure", True)
     before = Snapshot.of(func)
-    out = rewrite_call(ADD, trace_and_keep, func, max_iterations=3)
+    out = rewrite_call(ADD, trace_and_keep, func, max_iterations=1)  # kept: not offered again
     before.assert_unchanged(func)
     relax.analysis.well_formed(out)
 

@@ -289,7 +289,7 @@ def test_a_global_var_in_a_new_binding_is_checked_against_the_module():
     before = Snapshot.of(TwoFunctions)
     with pytest.raises(RewriteError, match="not well formed") as info:
         rewrite_call(ADD, lambda orig, m: relax.Call(stranger, [m[X]]), TwoFunctions)
-    assert "'main'" in str(info.value) and "stranger" in str(info.value), str(info.value)
+    assert_names(str(info.value), "main", "a", "stranger")
     before.assert_unchanged(TwoFunctions)
 
 
@@ -397,8 +397,9 @@ def test_an_input_binding_a_var_twice_is_an_error():
     with pytest.raises(Exception, match="defined more than once"):
         relax.analysis.well_formed(func)
 
-    with pytest.raises(RewriteError, match="not well formed.*defined more than once"):
+    with pytest.raises(RewriteError, match="not well formed.*defined more than once") as info:
         rewrite_call(ADD, lambda orig, m: relax.op.multiply(m[X], a), func)
+    assert_names(str(info.value), "<anonymous function>", "b", "a")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -493,13 +494,15 @@ def patterns_from(draw, func: relax.Function, depth: int = 3):
 
     def of(expr: relax.Expr, level: int):
         expr = resolve(expr)
-        if op_name(expr) in UNARY + BINARY and level <= depth and draw(st.booleans()):
+        if op_name(expr) in UNARY + BINARY and level <= depth and draw(st.integers(0, 3)) > 0:
             return is_op(f"relax.{op_name(expr)}")(*[of(arg, level + 1) for arg in expr.args])
         if isinstance(expr, CONSTANT) and draw(st.booleans()):
             return is_const()
         return wildcard()
 
-    root = draw(st.sampled_from(calls))
+    # Mostly a call that reads another call's var: its pattern has a level to see through.
+    reading = [c for c in calls if any(op_name(resolve(arg)) in UNARY + BINARY for arg in c.args)]
+    root = draw(st.sampled_from(reading if reading and draw(st.integers(0, 4)) else calls))
     return is_op(f"relax.{op_name(root)}")(*[of(arg, 2) for arg in root.args])
 
 
@@ -630,9 +633,9 @@ def with_impure_and_casts(draw, func: relax.Function) -> relax.Function:
 @MORE_EXAMPLES
 @given(relax_functions(max_bindings=20), st.data())
 def test_the_bindings_offered_are_those_tvms_matcher_matches_on_what_a_match_may_see(func, data):
-    if data.draw(st.booleans(), label="impure_and_casts"):
+    if data.draw(st.integers(0, 3), label="impure_and_casts") > 0:
         func = data.draw(with_impure_and_casts(func), label="func")
-    patterns = nested_patterns(func) | patterns_from(func)
+    patterns = st.one_of(nested_patterns(func), patterns_from(func), patterns_from(func))
     pattern = data.draw(patterns, label="pattern")
     offered = matches_offered(pattern, func)
     expected = matches_tvm_sees(pattern, func)
