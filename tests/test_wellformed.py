@@ -36,6 +36,10 @@ X, Y = wildcard(), wildcard()
 ADD = is_op("relax.add")(X, Y)
 ADD_DESCRIBED = "relax.add(*, *)"
 CONSTANT = getattr(relax, "Constant", None) or tvm.ir.expr.Constant  # moved to tvm.ir in TVM 0.27
+VOID = relax.TupleType([])
+INSERTS = ["none", "none", "impure", "cast"]
+"""What comes before each binding in with_impure_and_casts, drawn per binding."""
+NOT_NAMING_WRONG = "the message quotes TVM's verdict, which names the types but not the var 'wrong'"
 
 
 def to_multiply(orig, m):
@@ -194,7 +198,7 @@ def test_an_emitted_binding_with_a_wrong_type_annotation_is_an_error_naming_the_
     before.assert_unchanged(impure)
 
 
-@pytest.mark.xfail(strict=True, reason="the message quotes TVM's verdict, which names the types but not the var 'wrong'")
+@pytest.mark.xfail(strict=True, reason=NOT_NAMING_WRONG)
 def test_an_emitted_binding_with_a_wrong_type_annotation_is_an_error_naming_the_var():
     with pytest.raises(RewriteError, match="not well formed") as info:
         rewrite_call(ADD, wrongly_annotated, impure)
@@ -342,7 +346,7 @@ def test_a_fault_at_any_match_of_a_long_block_is_found(faulty):
     before.assert_unchanged(func)
 
 
-@pytest.mark.xfail(strict=True, reason="the message quotes TVM's verdict, which names the types but not the var 'wrong'")
+@pytest.mark.xfail(strict=True, reason=NOT_NAMING_WRONG)
 def test_a_fault_in_a_long_block_is_an_error_naming_the_var():
     with pytest.raises(RewriteError, match="not well formed") as info:
         rewrite_call(ADD, reads_the_first_match(5), chain_of_adds(12))
@@ -589,7 +593,7 @@ def with_impure_and_casts(draw, func: relax.Function) -> relax.Function:
     (DataflowBlocks become plain blocks, which impure calls need; local functions stay pure.)
     """
     choices = iter(
-        draw(st.lists(st.sampled_from(["none", "none", "impure", "cast"]), min_size=64, max_size=64), label="inserts")
+        draw(st.lists(st.sampled_from(INSERTS), min_size=64, max_size=64), label="inserts")
     )
 
     @relax.expr_functor.mutator
@@ -610,7 +614,7 @@ def with_impure_and_casts(draw, func: relax.Function) -> relax.Function:
                 kind = next(choices, "none")
                 value = self.visit_expr(binding.value)
                 if kind == "impure":
-                    bb.emit(relax.Call(relax.ExternFunc("coretests.touch"), [], ty_args=[relax.TupleType([])]))
+                    bb.emit(relax.Call(relax.ExternFunc("coretests.touch"), [], ty_args=[VOID]))
                 elif kind == "cast" and isinstance(value, relax.Call) and value.args:
                     first = value.args[0]
                     if isinstance(first, relax.Var) and isinstance(first.ty, relax.TensorType):
@@ -625,7 +629,8 @@ def with_impure_and_casts(draw, func: relax.Function) -> relax.Function:
             return bb._end_block()
 
     body = Insert().visit_expr(func.body)
-    out = relax.BlockBuilder().normalize(relax.Function(func.params, body, func.ret_ty, is_pure=False, attrs=func.attrs))
+    out = relax.Function(func.params, body, func.ret_ty, is_pure=False, attrs=func.attrs)
+    out = relax.BlockBuilder().normalize(out)
     relax.analysis.well_formed(out)
     return out
 
@@ -639,7 +644,8 @@ def test_the_bindings_offered_are_those_tvms_matcher_matches_on_what_a_match_may
     pattern = data.draw(patterns, label="pattern")
     offered = matches_offered(pattern, func)
     expected = matches_tvm_sees(pattern, func)
-    event(f"matches TVM's matcher makes on the whole block: {len(matches_tvm_sees(pattern, func, whole=True)) > len(expected)}")
+    more = len(matches_tvm_sees(pattern, func, whole=True)) > len(expected)
+    event(f"TVM's matcher matches more given the whole block: {more}")
 
     event(f"matches offered: {min(len(offered), 3)}{'+' if len(offered) >= 3 else ''}")
     event(f"impure bindings: {sum(is_impure(b.value) for b in all_bindings(func)) > 0}")
