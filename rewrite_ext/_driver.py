@@ -47,7 +47,7 @@ def apply(
         name = _ir.function_name(target)
         result = _rewrite_function(ruleset, target, name, None, max_iterations, check, recorder, cleanup)
         if not result.same_as(target):
-            _verify(result, [name], ruleset, check)
+            _verify(result, target, [name], ruleset, check)
         return result
     if isinstance(target, tvm.IRModule):
         check = LocalCheck({hash(gv) for gv in target.get_global_vars()})
@@ -63,7 +63,7 @@ def apply(
                     changed.append(gvar.name_hint)
         new_mod = tvm.IRModule(functions, attrs=target.attrs, global_infos=target.global_infos)
         if changed:
-            _verify(new_mod, changed, ruleset, check)
+            _verify(new_mod, target, changed, ruleset, check)
         return new_mod
     raise TypeError(f"target must be a relax.Function or an IRModule, got {type(target).__name__}")
 
@@ -107,13 +107,29 @@ def _rewrite_function(
     return current
 
 
-def _verify(obj: relax.Function | tvm.IRModule, names: list[str], rules: RuleSet, check: LocalCheck) -> None:
+def _verify(
+    obj: relax.Function | tvm.IRModule,
+    original: relax.Function | tvm.IRModule,
+    names: list[str],
+    rules: RuleSet,
+    check: LocalCheck,
+) -> None:
     """Raise RewriteError unless the local check vouches for ``obj`` or TVM's full check passes."""
     if check.vouches:
         return
     verdict = full_check(obj)
     if verdict is None:
         return
+    input_verdict = full_check(original)
+    if input_verdict is not None:
+        where = f"function '{', '.join(names)}'"
+        if check.suspects:
+            s = check.suspects[0]
+            where = f"function '{s.function}', binding '{s.binding}', pattern {s.rule} (reading '{s.var}')"
+        raise RewriteError(
+            f"rewrite_ext: in {where}: the input is not well formed, so the rewrite cannot be "
+            f"checked: {input_verdict}"
+        )
     if check.suspects:
         s = check.suspects[0]
         raise RewriteError(

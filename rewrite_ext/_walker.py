@@ -167,6 +167,8 @@ class FunctionPass(PyExprMutator):
         # Set once a rewritten var was re-typed: every later binding then goes through the
         # mutator, which substitutes the new var; before, an unchanged one is re-emitted as is.
         self.remapped = False
+        self.retyped_by: tuple[str, Rule | None] = ("", None)
+        """The first binding whose var was re-typed, and the rule that rewrote it."""
         self.error: BaseException | None = None
         self._used: set[relax.Var] | None = None
 
@@ -258,11 +260,12 @@ class FunctionPass(PyExprMutator):
         except Exception as exc:  # noqa: BLE001 - TVM's own type errors, raised while re-typing
             if isinstance(exc, RewriteError):
                 raise
+            retyped, rule = self.retyped_by
             self._fail_in(
                 binding,
-                None,
-                "a rewritten binding earlier in the function changed its var's type, and TVM "
-                f"cannot type this binding against it: {type(exc).__name__}: {exc}",
+                rule,
+                f"the rewrite of binding '{retyped}' changed its var's type, and TVM cannot type "
+                f"this binding against it: {type(exc).__name__}: {exc}",
                 exc,
             )
 
@@ -332,7 +335,7 @@ class FunctionPass(PyExprMutator):
             if keep:
                 self._emit_unchanged(binding, value)
             else:
-                self._emit_replacement(binding, new_value)
+                self._emit_replacement(binding, new_value, rule)
         finally:
             self.suspended -= 1
         if keep:
@@ -392,7 +395,11 @@ class FunctionPass(PyExprMutator):
             builder.lent, builder.bound = False, None
             emitted = _ir.elements(builder.end_frame().bindings)
         if builder.raw_emits:
-            self.check.defer(f"the rewriter of binding '{_ir.var_name(binding.var)}' called emit_normalized")
+            names = ", ".join(f"'{_ir.var_name(extra.var)}'" for extra in emitted)
+            self.check.defer(
+                f"the rewriter of binding '{_ir.var_name(binding.var)}' called emit_normalized "
+                f"(emitted: {names})"
+            )
         if reason is not None:
             return [], None, reason  # what it emitted is dropped with the match
         if new_value is None:
@@ -501,7 +508,7 @@ class FunctionPass(PyExprMutator):
 
     # -- results ---------------------------------------------------------------------------
 
-    def _emit_replacement(self, binding: relax.Binding, new_value: relax.Expr) -> None:
+    def _emit_replacement(self, binding: relax.Binding, new_value: relax.Expr, rule: Rule) -> None:
         """Bind the new value to the binding's var, re-typed if its type changed.
 
         Later uses of a re-typed var follow through the mutator's var remap.
@@ -516,6 +523,7 @@ class FunctionPass(PyExprMutator):
             if not new_var.same_as(var):
                 self.set_var_remap(var, new_var)
                 self.remapped = True
+                self.retyped_by = (_ir.var_name(var), rule)
                 self.check.defer(f"the var '{_ir.var_name(var)}' was re-typed")
             new_binding = relax.VarBinding(new_var, new_value)
         _ir.emit_normalized(self.builder_, new_binding)
