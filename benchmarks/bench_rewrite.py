@@ -24,7 +24,7 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import tvm
@@ -43,7 +43,6 @@ from rewrite_ext.hexagon import DMA_COPY, DMA_WAIT, copy_to_dma
 CHAIN_BINDINGS = 10_000
 MATCH_RATES = {"1%": 100, "10%": 10, "100%": 1}  # rate -> every how many bindings an add
 SCALING_SIZES = (10_000, 100_000)
-SMALL_RUNS_PER_ROUND = 3  # a 10k run is 10x shorter than a 100k one, so noisier: median of 3
 COPIES = (1_000, 10_000)
 LAYERS = 24
 MIN_RUN_SECONDS = 0.05  # a run repeats a short rewrite until it lasts this long
@@ -280,6 +279,7 @@ class HandWrittenDMA(PyExprMutator):
 class Workload:
     """One row: the same rewrite of ``func`` done each way; None where TVM cannot do it."""
 
+    key: str  # what the targets call it
     name: str
     func: relax.Function
     ours: Callable[[relax.Function], relax.Function]
@@ -300,6 +300,7 @@ class Workload:
 
 def chain_workload(rate: str, n: int = CHAIN_BINDINGS) -> Workload:
     return Workload(
+        rate,
         f"chain {n // 1000}k, {rate} match, add -> subtract",
         make_chain(n, MATCH_RATES[rate]),
         ours=lambda f: rewrite_ext.rewrite_call(ADD_PATTERN, add_to_subtract, f),
@@ -311,6 +312,7 @@ def chain_workload(rate: str, n: int = CHAIN_BINDINGS) -> Workload:
 def model_workloads(stages: dict[str, relax.Function]) -> list[Workload]:
     return [
         Workload(
+            "legalized",
             "GPT legalized, every call_tir -> call_dps_packed",
             stages["legalized"],
             ours=lambda f: rewrite_ext.rewrite_call(CALL_TIR_PATTERN, call_tir_to_packed, f),
@@ -318,6 +320,7 @@ def model_workloads(stages: dict[str, relax.Function]) -> list[Workload]:
             tvm=lambda f: tvm_rewrite_call(CALL_TIR_PATTERN, call_tir_to_packed, f),
         ),
         Workload(
+            "high",
             "GPT high level, pattern never matches",
             stages["high"],
             ours=lambda f: rewrite_ext.rewrite_call(NEVER_PATTERN, add_to_subtract, f),
@@ -326,6 +329,7 @@ def model_workloads(stages: dict[str, relax.Function]) -> list[Workload]:
             mutator_kind="identity",
         ),
         Workload(
+            "vm",
             "GPT VM level, kernel -> trace + call (builder)",
             stages["vm"],
             ours=lambda f: rewrite_ext.rewrite_call(KERNEL_PATTERN, trace_kernel, f),
@@ -338,6 +342,7 @@ def model_workloads(stages: dict[str, relax.Function]) -> list[Workload]:
 
 def copies_workload(n: int) -> Workload:
     return Workload(
+        f"copies {n}",
         f"lowered, {n // 1000}k copies -> copy_to_dma",
         make_copies(n),
         ours=lambda f: copy_to_dma(f),
@@ -345,6 +350,16 @@ def copies_workload(n: int) -> Workload:
         tvm=None,
         tvm_note="n/a: emits 2 bindings",
     )
+
+
+def all_workloads(quick: bool) -> Iterator[Workload]:
+    """Every row, each built when its turn comes: only the row being measured holds its input."""
+    for rate in MATCH_RATES:
+        yield chain_workload(rate)
+    progress("building the GPT model's three stages")
+    yield from model_workloads(model_stages())
+    for n in COPIES[:1] if quick else COPIES:
+        yield copies_workload(n)
 
 
 def check(workload: Workload) -> dict[str, float]:
@@ -402,32 +417,34 @@ class Scaling:
         return statistics.median(self.ratios[side])
 
 
-def measure_scaling(rate: str, rounds: int, sizes: tuple[int, int] = SCALING_SIZES) -> Scaling:
-    """rewrite_ext and the hand-written mutator on a small and a big chain, in paired rounds.
+def measure_scaling(
+    rate: str, rounds: int, sizes: tuple[int, int] = SCALING_SIZES, sides: tuple[str, ...] = ("rewrite_ext", "mutator")
+) -> Scaling:
+    """``sides`` (rewrite_ext, the hand-written mutator) on a small and a big chain, in paired rounds.
 
-    Each round builds the small chain, times each side on it (median of
-    ``SMALL_RUNS_PER_ROUND`` runs), frees it, then does the same with the big
-    chain (one run a side): the two sizes seconds apart, one chain alive at a
-    time.  This machine's speed drifts by tens of percent over minutes; timing
-    all small runs and then all big ones let the drift decide the ratio.  The
-    first round's outputs are checked equal.
+    Each round builds the small chain, times each side on it for as many calls
+    as make the work of one big call (10 at 10k -> 100k), frees it, then times
+    one call a side on the big chain: the same work seconds apart, one chain
+    alive at a time.  This machine's speed drifts by tens of percent over
+    minutes; timing all small runs and then all big ones let the drift decide
+    the ratio, and a single 10k run of a few ms is at the mercy of one hiccup.
+    The first round checks rewrite_ext's output against the mutator's.
     """
     small, big = sizes
     times: dict[tuple[str, int], list[float]] = {}
     for r in range(rounds):
-        for n, runs in ((small, SMALL_RUNS_PER_ROUND), (big, 1)):
+        for n, calls in ((small, big // small), (big, 1)):
             workload = chain_workload(rate, n)
-            sides = {k: v for k, v in workload.sides().items() if k != "tvm"}
+            runs = workload.sides()
             if r == 0:
-                ours, hand = sides["rewrite_ext"](), sides["mutator"]()
+                ours, hand = runs["rewrite_ext"](), runs["mutator"]()
                 if not tvm_ffi.structural_equal(ours, hand):
                     raise AssertionError(f"scaling {rate}: rewrite_ext's output differs at {n}")
                 del ours, hand
-            for name, run in sides.items():
-                times.setdefault((name, n), []).append(statistics.median(timed(run)[0] for _ in range(runs)))
-            del workload, sides
+            for name in sides:
+                times.setdefault((name, n), []).append(timed(runs[name], calls)[0])
+            del workload, runs
             gc.collect()
-    sides = ("rewrite_ext", "mutator")
     return Scaling(
         rate,
         {(s, n): statistics.median(times[s, n]) / n for s in sides for n in sizes},
@@ -467,7 +484,7 @@ def print_scaling(scalings: list[Scaling]) -> None:
     print()
     print(f"SCALING time({big // 1000}k)/time({small // 1000}k), paired rounds (10.0 = linear); us/b at {small // 1000}k -> {big // 1000}k")
     for s in scalings:
-        for side in ("rewrite_ext", "mutator"):
+        for side in s.ratios:
             rounds = " ".join(f"{r:.1f}" for r in s.ratios[side])
             print(
                 f"  chain {s.rate:>4} {side:<11} {s.ratio(side):5.1f}   "
@@ -531,7 +548,7 @@ def progress(what: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="5 runs a figure, 10k copies skipped (about 2 min)")
+    parser.add_argument("--quick", action="store_true", help="5 runs a figure; 10k copies and the mutator's scaling skipped (about 2 min)")
     parser.add_argument("--repeats", type=int, default=None, help="runs a figure, at least 5 (default 9; --quick 5)")
     args = parser.parse_args(argv)
     repeats = args.repeats or (5 if args.quick else 9)
@@ -543,32 +560,23 @@ def main(argv: list[str] | None = None) -> int:
     print("# mutator = a hand-written PyExprMutator doing the same rewrite (identity: one overriding nothing)")
     print("# /mutator, /tvm = rewrite_ext's time over that column's")
 
-    progress("building the GPT model's three stages")
-    stages = model_stages()
-    keyed: dict[str, Workload] = {}
-    makers: list[tuple[str, Callable[[], Workload]]] = [(rate, lambda r=rate: chain_workload(r)) for rate in MATCH_RATES]
-    for key, w in zip(("legalized", "high", "vm"), model_workloads(stages)):
-        makers.append((key, lambda w=w: w))
-    makers += [(f"copies {n}", lambda n=n: copies_workload(n)) for n in COPIES if not (args.quick and n > COPIES[0])]
-
     workloads = []
-    for key, make in makers:
-        workload = make()
+    for workload in all_workloads(args.quick):
         progress(workload.name)
-        first = check(workload)
-        workload.figures = measure(workload.sides(), repeats, first)
-        workload.func = None  # one input alive at a time: a big one left in memory slows the next rows
-        keyed[key] = workload
+        workload.figures = measure(workload.sides(), repeats, check(workload))
+        workload.func = None  # an input left in memory slows the rows after it
         workloads.append(workload)
     print_table(workloads)
 
     scalings = []
     for rate in MATCH_RATES:
         progress(f"scaling, chain {rate}")
-        scalings.append(measure_scaling(rate, repeats))
+        # --quick leaves out the mutator's ratio: it is context for rewrite_ext's, not a target.
+        sides = ("rewrite_ext",) if args.quick else ("rewrite_ext", "mutator")
+        scalings.append(measure_scaling(rate, repeats, sides=sides))
     print_scaling(scalings)
 
-    results = targets(keyed, scalings)
+    results = targets({w.key: w for w in workloads}, scalings)
     print()
     print("TARGETS (issue 16)")
     for t in results:

@@ -77,21 +77,25 @@ def _bound_values(func):
     return [b.value for block in func.body.blocks for b in block.bindings]
 
 
-@pytest.mark.parametrize("index", [0, 1, 2], ids=["legalized", "high", "vm"])
-def test_each_model_rewrite_is_the_same_done_every_way(stages, index):
-    workload = bench.model_workloads(stages)[index]
+def _model_workload(stages, key: str) -> bench.Workload:
+    return {w.key: w for w in bench.model_workloads(stages)}[key]
+
+
+@pytest.mark.parametrize("key", ["legalized", "high", "vm"])
+def test_each_model_rewrite_is_the_same_done_every_way(stages, key):
+    workload = _model_workload(stages, key)
     bench.check(workload)  # raises if any side's output differs from the mutator's
     relax.analysis.well_formed(workload.ours(workload.func))
 
 
 def test_the_never_matching_pattern_changes_nothing_anywhere(stages):
-    workload = bench.model_workloads(stages)[1]
+    workload = _model_workload(stages, "high")
     for run in workload.sides().values():
         tvm.ir.assert_structural_equal(run(), stages["high"])
 
 
 def test_the_check_refuses_a_side_that_does_a_different_rewrite(stages):
-    workload = bench.model_workloads(stages)[0]
+    workload = _model_workload(stages, "legalized")
     workload.ours = lambda f: f  # declines every match
     with pytest.raises(AssertionError, match="rewrite_ext's output differs"):
         bench.check(workload)
@@ -141,6 +145,7 @@ def test_the_scaling_figure_is_one_ratio_per_round_and_their_median():
         assert len(figure.ratios[side]) == 3
         assert figure.ratio(side) == sorted(figure.ratios[side])[1]
         assert figure.per_binding[side, 20] > 0 and figure.per_binding[side, 200] > 0
+    assert set(bench.measure_scaling("1%", 1, sizes=(20, 200), sides=("rewrite_ext",)).ratios) == {"rewrite_ext"}
 
 
 def test_a_target_is_met_at_its_limit_and_missed_above_it():
