@@ -3,7 +3,7 @@
 Run from the repository root::
 
     python benchmarks/bench_rewrite.py --quick   # about 2 minutes on 2 cores
-    python benchmarks/bench_rewrite.py           # about 5 minutes: more runs per figure
+    python benchmarks/bench_rewrite.py           # about 4 minutes: more runs per figure
 
 One table: each row is a workload, each column a way of doing the same rewrite
 on it, all measured in this one process, the sides of a row alternating, each
@@ -136,7 +136,9 @@ class _GPT(nn.Module):
         return self.ln_f(x)
 
 
-def model_stages(layers: int = LAYERS, hidden: int = 64, heads: int = 4, seq: int = 16) -> dict[str, relax.Function]:
+def model_stages(
+    layers: int = LAYERS, hidden: int = 64, heads: int = 4, seq: int = 16
+) -> dict[str, relax.Function]:
     """The ``forward`` function of a GPT-style ``tvm.relax.frontend.nn`` model at three stages.
 
     ``"high"``: as ``export_tvm`` gives it (then ``CanonicalizeBindings``, which
@@ -262,10 +264,14 @@ class HandWrittenDMA(PyExprMutator):
             if isinstance(value, relax.Call) and value.op.same_as(copy):
                 src, dst = (self.visit_expr(arg) for arg in value.args)
                 builder.emit(
-                    relax.op.call_builtin_with_ctx(DMA_COPY, [src, dst, _imm(0), _imm(1)], ty_args=[_VOID])
+                    relax.op.call_builtin_with_ctx(
+                        DMA_COPY, [src, dst, _imm(0), _imm(1)], ty_args=[_VOID]
+                    )
                 )
                 builder.emit(
-                    relax.op.call_builtin_with_ctx(DMA_WAIT, [_imm(0), _imm(0), _imm(1), src, dst], ty_args=[_VOID])
+                    relax.op.call_builtin_with_ctx(
+                        DMA_WAIT, [_imm(0), _imm(0), _imm(1), src, dst], ty_args=[_VOID]
+                    )
                 )
             else:
                 self.visit_binding(binding)
@@ -391,7 +397,9 @@ def timed(fn: Callable[[], object], calls: int = 1) -> tuple[float, object]:
     return (time.perf_counter() - start) / calls, out
 
 
-def measure(sides: dict[str, Callable[[], object]], repeats: int, first: dict[str, float]) -> dict[str, float]:
+def measure(
+    sides: dict[str, Callable[[], object]], repeats: int, first: dict[str, float]
+) -> dict[str, float]:
     """Median seconds per call of each side over ``repeats`` runs, the sides taking turns.
 
     ``first``: a run of each already made (the checked one), which sets how many
@@ -418,7 +426,10 @@ class Scaling:
 
 
 def measure_scaling(
-    rate: str, rounds: int, sizes: tuple[int, int] = SCALING_SIZES, sides: tuple[str, ...] = ("rewrite_ext", "mutator")
+    rate: str,
+    rounds: int,
+    sizes: tuple[int, int] = SCALING_SIZES,
+    sides: tuple[str, ...] = ("rewrite_ext", "mutator"),
 ) -> Scaling:
     """``sides`` (rewrite_ext, the hand-written mutator) on a small and a big chain, in paired rounds.
 
@@ -448,7 +459,7 @@ def measure_scaling(
     return Scaling(
         rate,
         {(s, n): statistics.median(times[s, n]) / n for s in sides for n in sizes},
-        {s: [b / a for a, b in zip(times[s, small], times[s, big])] for s in sides},
+        {s: [b / a for a, b in zip(times[s, small], times[s, big], strict=True)] for s in sides},
     )
 
 
@@ -465,7 +476,10 @@ def _ratio(a: float, b: float | None) -> str:
 
 def print_table(workloads: list[Workload]) -> None:
     print()
-    print(f"{'workload':<50} {'bindings':>8} {'rewrite_ext':>11} {'mutator':>8} {'tvm':>8}  {'/mutator':>8} {'/tvm':>6}")
+    print(
+        f"{'workload':<50} {'bindings':>8} {'rewrite_ext':>11} {'mutator':>8} {'tvm':>8}"
+        f"  {'/mutator':>8} {'/tvm':>6}"
+    )
     print(f"{'':<50} {'':>8} {'us/b':>11} {'us/b':>8} {'us/b':>8}  {'':>8} {'':>6}")
     for w in workloads:
         f, b = w.figures, w.bindings
@@ -481,14 +495,16 @@ def print_table(workloads: list[Workload]) -> None:
 
 def print_scaling(scalings: list[Scaling]) -> None:
     small, big = SCALING_SIZES
+    sk, bk = f"{small // 1000}k", f"{big // 1000}k"
     print()
-    print(f"SCALING time({big // 1000}k)/time({small // 1000}k), paired rounds (10.0 = linear); us/b at {small // 1000}k -> {big // 1000}k")
+    print(f"SCALING time({bk})/time({sk}), paired rounds (10.0 = linear); us/b at {sk} -> {bk}")
     for s in scalings:
         for side in s.ratios:
             rounds = " ".join(f"{r:.1f}" for r in s.ratios[side])
             print(
                 f"  chain {s.rate:>4} {side:<11} {s.ratio(side):5.1f}   "
-                f"{s.per_binding[side, small] * 1e6:.2f} -> {s.per_binding[side, big] * 1e6:.2f}   rounds: {rounds}"
+                f"{s.per_binding[side, small] * 1e6:.2f} -> {s.per_binding[side, big] * 1e6:.2f}"
+                f"   rounds: {rounds}"
             )
 
 
@@ -514,18 +530,34 @@ def targets(workloads: dict[str, Workload], scalings: list[Scaling]) -> list[Tar
 
     out = []
     for rate in MATCH_RATES:
-        out.append(Target(f"chain 10k {rate}: rewrite_ext / hand-written mutator", ratio(rate, "mutator"), 1.5))
+        out.append(
+            Target(f"chain 10k {rate}: rewrite_ext / hand-written mutator", ratio(rate, "mutator"), 1.5)
+        )
         out.append(Target(f"chain 10k {rate}: rewrite_ext / TVM rewrite_call", ratio(rate, "tvm"), 0.5))
     out += [
-        Target("GPT legalized, call_tir 1:1: rewrite_ext / TVM rewrite_call", ratio("legalized", "tvm"), 0.5),
-        Target("GPT high level, no match: rewrite_ext / identity mutator", ratio("high", "mutator"), 1.2),
+        Target(
+            "GPT legalized, call_tir 1:1: rewrite_ext / TVM rewrite_call", ratio("legalized", "tvm"), 0.5
+        ),
+        Target(
+            "GPT high level, no match: rewrite_ext / identity mutator", ratio("high", "mutator"), 1.2
+        ),
         Target("GPT high level, no match: rewrite_ext / TVM rewrite_call", ratio("high", "tvm"), 1.0),
-        Target("GPT VM level, 2 bindings a match: rewrite_ext / hand-written", ratio("vm", "mutator"), 1.5),
+        Target(
+            "GPT VM level, 2 bindings a match: rewrite_ext / hand-written", ratio("vm", "mutator"), 1.5
+        ),
     ]
     for n in COPIES:
-        out.append(Target(f"copy_to_dma, {n // 1000}k copies: / hand-written mutator", ratio(f"copies {n}", "mutator"), 1.5))
+        out.append(
+            Target(
+                f"copy_to_dma, {n // 1000}k copies: / hand-written mutator",
+                ratio(f"copies {n}", "mutator"),
+                1.5,
+            )
+        )
     for s in scalings:
-        out.append(Target(f"chain {s.rate}: rewrite_ext time(100k) / time(10k)", s.ratio("rewrite_ext"), 11))
+        out.append(
+            Target(f"chain {s.rate}: rewrite_ext time(100k) / time(10k)", s.ratio("rewrite_ext"), 11)
+        )
     return out
 
 
@@ -533,7 +565,9 @@ def machine() -> str:
     cpu = "?"
     try:
         with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "?")
+            cpu = next(
+                (line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "?"
+            )
     except OSError:
         pass
     return f"nproc={os.cpu_count()} cpu={cpu!r} python={platform.python_version()} tvm={tvm.__version__}"
@@ -548,8 +582,14 @@ def progress(what: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="5 runs a figure; 10k copies and the mutator's scaling skipped (about 2 min)")
-    parser.add_argument("--repeats", type=int, default=None, help="runs a figure, at least 5 (default 9; --quick 5)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="5 runs a figure; 10k copies and the mutator's scaling skipped (about 2 min)",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=None, help="runs a figure, at least 5 (default 9; --quick 5)"
+    )
     args = parser.parse_args(argv)
     repeats = args.repeats or (5 if args.quick else 9)
     if repeats < 5:
@@ -557,7 +597,10 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"# bench_rewrite {'--quick' if args.quick else '(full)'}: {machine()}")
     print(f"# median of {repeats} runs a figure; us/b = microseconds per input binding")
-    print("# mutator = a hand-written PyExprMutator doing the same rewrite (identity: one overriding nothing)")
+    print(
+        "# mutator = a hand-written PyExprMutator doing the same rewrite"
+        " (identity: one overriding nothing)"
+    )
     print("# /mutator, /tvm = rewrite_ext's time over that column's")
 
     workloads = []

@@ -44,7 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("side", choices=SIDES)
     parser.add_argument("n", type=int, help="bindings in the chain")
     parser.add_argument("repeats", type=int, help="runs (0: only build the chain)")
-    parser.add_argument("--rate", choices=list(bench.MATCH_RATES), default="10%", help="share of bindings that match")
+    parser.add_argument(
+        "--rate", choices=list(bench.MATCH_RATES), default="10%", help="share of bindings that match"
+    )
     args = parser.parse_args(argv)
     run(args.side, args.rate, args.n, args.repeats)
     return 0

@@ -39,7 +39,9 @@ def _ops(func: relax.Function) -> list[str]:
             value = binding.value
             if isinstance(value, relax.Call):
                 op = value.op
-                names.append(getattr(op, "name", None) or getattr(op, "global_symbol", None) or op.name_hint)
+                names.append(
+                    getattr(op, "name", None) or getattr(op, "global_symbol", None) or op.name_hint
+                )
     return names
 
 
@@ -69,7 +71,9 @@ def test_each_stage_is_what_its_name_says(stages):
     assert set(_ops(stages["legalized"])) == {"relax.call_tir"}
     vm = stages["vm"]
     assert vm.attrs["relax.force_pure"] and "relax.call_tir" not in _ops(vm)
-    kernels = [v for v in _bound_values(vm) if isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.GlobalVar)]
+    kernels = [
+        v for v in _bound_values(vm) if isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.GlobalVar)
+    ]
     assert "relax.vm.alloc_tensor" in _ops(vm) and len(kernels) > 20 * LAYERS
 
 
@@ -111,7 +115,9 @@ def test_the_timed_model_rewrites_are_real_ones_that_run():
     spec = {"forward": {"x": nn.spec.Tensor([1, 16, 64], "float32")}}
     mod, _ = bench._GPT(LAYERS, 64, 4).export_tvm(spec=spec)
     rng = np.random.default_rng(0)
-    args = [rng.standard_normal([int(d) for d in p.ty.shape], dtype="float32") for p in mod["forward"].params]
+    args = [
+        rng.standard_normal([int(d) for d in p.ty.shape], dtype="float32") for p in mod["forward"].params
+    ]
     expected = _run_model(mod, "default", args)
 
     legalized = rewrite_ext.rewrite_call(
@@ -122,7 +128,11 @@ def test_the_timed_model_rewrites_are_real_ones_that_run():
 
     with tvm.target.Target("llvm"):
         vm_level = relax.pipeline.default_build_pipeline()(mod)
-    kernels = [v.op.name_hint for v in _bound_values(vm_level["forward"]) if isinstance(getattr(v, "op", None), tvm.ir.GlobalVar)]
+    kernels = [
+        v.op.name_hint
+        for v in _bound_values(vm_level["forward"])
+        if isinstance(getattr(v, "op", None), tvm.ir.GlobalVar)
+    ]
     traced = []
     tvm.register_global_func(bench.TRACE, lambda name: traced.append(str(name)), override=True)
     traced_mod = rewrite_ext.rewrite_call(bench.KERNEL_PATTERN, bench.trace_kernel, vm_level)
@@ -145,7 +155,9 @@ def test_the_scaling_figure_is_one_ratio_per_round_and_their_median():
         assert len(figure.ratios[side]) == 3
         assert figure.ratio(side) == sorted(figure.ratios[side])[1]
         assert figure.per_binding[side, 20] > 0 and figure.per_binding[side, 200] > 0
-    assert set(bench.measure_scaling("1%", 1, sizes=(20, 200), sides=("rewrite_ext",)).ratios) == {"rewrite_ext"}
+    assert set(bench.measure_scaling("1%", 1, sizes=(20, 200), sides=("rewrite_ext",)).ratios) == {
+        "rewrite_ext"
+    }
 
 
 def test_a_target_is_met_at_its_limit_and_missed_above_it():
@@ -156,7 +168,9 @@ def test_a_target_is_met_at_its_limit_and_missed_above_it():
 
 def test_every_target_of_the_issue_is_reported_even_unmeasured():
     labels = [t.label for t in bench.targets({}, [])]
-    assert len(labels) == 6 + 4 + len(bench.COPIES)  # chains, model, copies; scaling comes with its figures
+    assert len(labels) == 6 + 4 + len(
+        bench.COPIES
+    )  # chains, model, copies; scaling comes with its figures
     assert all(t.value is None for t in bench.targets({}, []))
 
 
