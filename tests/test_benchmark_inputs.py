@@ -31,18 +31,16 @@ def stages():
     return bench.model_stages(layers=LAYERS)
 
 
+def _bound_values(func: relax.Function) -> list[relax.Expr]:
+    return [binding.value for block in func.body.blocks for binding in block.bindings]
+
+
 def _ops(func: relax.Function) -> list[str]:
-    """The callee of every binding's call: an op's name, an ExternFunc's symbol or a GlobalVar's name."""
-    names = []
-    for block in func.body.blocks:
-        for binding in block.bindings:
-            value = binding.value
-            if isinstance(value, relax.Call):
-                op = value.op
-                names.append(
-                    getattr(op, "name", None) or getattr(op, "global_symbol", None) or op.name_hint
-                )
-    return names
+    """The callee of every bound call: an op's name, an ExternFunc's symbol or a GlobalVar's name."""
+    callees = [value.op for value in _bound_values(func) if isinstance(value, relax.Call)]
+    return [
+        getattr(op, "name", None) or getattr(op, "global_symbol", None) or op.name_hint for op in callees
+    ]
 
 
 @pytest.mark.parametrize("rate", list(bench.MATCH_RATES))
@@ -75,10 +73,6 @@ def test_each_stage_is_what_its_name_says(stages):
         v for v in _bound_values(vm) if isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.GlobalVar)
     ]
     assert "relax.vm.alloc_tensor" in _ops(vm) and len(kernels) > 20 * LAYERS
-
-
-def _bound_values(func):
-    return [b.value for block in func.body.blocks for b in block.bindings]
 
 
 def _model_workload(stages, key: str) -> bench.Workload:
