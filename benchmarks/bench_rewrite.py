@@ -136,20 +136,26 @@ class _GPT(nn.Module):
         return self.ln_f(x)
 
 
-def model_stages(
-    layers: int = LAYERS, hidden: int = 64, heads: int = 4, seq: int = 16
-) -> dict[str, relax.Function]:
-    """The ``forward`` function of a GPT-style ``tvm.relax.frontend.nn`` model at three stages.
+def gpt_module(layers: int = LAYERS, hidden: int = 64, heads: int = 4, seq: int = 16) -> tvm.IRModule:
+    """A GPT-style ``tvm.relax.frontend.nn`` model as ``export_tvm`` gives it: one function, ``forward``.
 
-    ``"high"``: as ``export_tvm`` gives it (then ``CanonicalizeBindings``, which
-    folds the trailing ``gv = lv`` that TVM's rewrite_call would fold and the
-    others would keep); ``"legalized"``: after ``LegalizeOps``; ``"vm"``: after
-    TVM's ``default_build_pipeline`` (LegalizeOps through VMShapeLower and
-    AttachGlobalSymbol), the IR the VM code generator reads.
+    Then ``CanonicalizeBindings``, which folds the trailing ``gv = lv`` that
+    TVM's rewrite_call would fold in its output and the other sides would keep.
+    ``forward`` takes the input ``x`` (1, seq, hidden), then the weights.
     """
     spec = {"forward": {"x": nn.spec.Tensor([1, seq, hidden], "float32")}}
     mod, _ = _GPT(layers, hidden, heads).export_tvm(spec=spec)
-    mod = relax.transform.CanonicalizeBindings()(mod)
+    return relax.transform.CanonicalizeBindings()(mod)
+
+
+def model_stages(layers: int = LAYERS) -> dict[str, relax.Function]:
+    """``gpt_module``'s ``forward`` at three stages.
+
+    ``"high"``: as exported; ``"legalized"``: after ``LegalizeOps``; ``"vm"``:
+    after TVM's ``default_build_pipeline`` (LegalizeOps through VMShapeLower
+    and AttachGlobalSymbol), the IR the VM code generator reads.
+    """
+    mod = gpt_module(layers)
     with tvm.target.Target("llvm"):
         vm_level = relax.pipeline.default_build_pipeline()(mod)
     return {

@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 import tvm
 from tvm import relax
-from tvm.relax.frontend import nn
 
 import rewrite_ext
 
@@ -106,8 +105,7 @@ def _run_model(mod: tvm.IRModule, pipeline, args):
 
 def test_the_timed_model_rewrites_are_real_ones_that_run():
     # Modules rather than the stages' functions: the kernels must be built with them.
-    spec = {"forward": {"x": nn.spec.Tensor([1, 16, 64], "float32")}}
-    mod, _ = bench._GPT(LAYERS, 64, 4).export_tvm(spec=spec)
+    mod = bench.gpt_module(LAYERS)
     rng = np.random.default_rng(0)
     args = [
         rng.standard_normal([int(d) for d in p.ty.shape], dtype="float32") for p in mod["forward"].params
