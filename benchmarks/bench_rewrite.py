@@ -409,13 +409,15 @@ def measure(
     """Median seconds per call of each side over ``repeats`` runs, the sides taking turns.
 
     ``first``: a run of each already made (the checked one), which sets how many
-    calls make one run (at least ``MIN_RUN_SECONDS``) and is not counted.
+    calls make one run (at least ``MIN_RUN_SECONDS``) and is not counted.  Each
+    round starts with the next side, so no side always runs right after another.
     """
     calls = {name: max(1, math.ceil(MIN_RUN_SECONDS / max(t, 1e-9))) for name, t in first.items()}
     samples: dict[str, list[float]] = {name: [] for name in sides}
-    for _ in range(repeats):
-        for name, run in sides.items():
-            samples[name].append(timed(run, calls[name])[0])
+    names = list(sides)
+    for r in range(repeats):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            samples[name].append(timed(sides[name], calls[name])[0])
     return {name: statistics.median(ts) for name, ts in samples.items()}
 
 

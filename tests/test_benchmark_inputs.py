@@ -141,6 +141,18 @@ def test_copy_to_dma_equals_the_forum_threads_hand_written_mutator():
     assert ours.script().count("dma_wait") == 20
 
 
+def test_a_figure_is_the_median_of_runs_whose_sides_take_turns_starting_with_each():
+    order = []
+    sides = {name: (lambda name=name: order.append(name)) for name in ("a", "b", "c")}
+    # A first call of 1 s makes a run of one call; a shorter one, as many as last MIN_RUN_SECONDS.
+    short = bench.MIN_RUN_SECONDS / 4
+    figures = bench.measure(sides, 5, {"a": 1.0, "b": 1.0, "c": short})
+    assert set(figures) == {"a", "b", "c"} and all(t >= 0 for t in figures.values())
+    assert order.count("a") == order.count("b") == 5 and order.count("c") == 5 * 4
+    runs = [name for i, name in enumerate(order) if i == 0 or order[i - 1] != name]
+    assert [runs[i] for i in range(0, 15, 3)] == ["a", "b", "c", "a", "b"]  # each round's first
+
+
 def test_the_scaling_figure_is_one_ratio_per_round_and_their_median():
     figure = bench.measure_scaling("10%", 3, sizes=(20, 200))
     for side in ("rewrite_ext", "mutator"):
