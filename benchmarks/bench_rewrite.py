@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    python benchmarks/bench_rewrite.py --quick   # about 2 minutes on 2 cores
+    python benchmarks/bench_rewrite.py --quick   # about 2 minutes on 2 idle cores
     python benchmarks/bench_rewrite.py           # about 4 minutes: more runs per figure
 
 One table: each row is a workload, each column a way of doing the same rewrite
