@@ -1,84 +1,63 @@
-"""Benchmark: rewrite_ext.rewrite_call against TVM's rewrite_call and hand-written mutators.
+"""Benchmark: rewrite_ext against a hand-written PyExprMutator and TVM's rewrite_call.
 
 Run from the repository root::
 
-    python benchmarks/bench_rewrite.py            # full run, ~8-13 min (TVM at 100k: one run, 4-7 min)
-    python benchmarks/bench_rewrite.py --quick    # < 60 s on 2 cores; TVM at 100k, 30k, 10k copies skipped
+    python benchmarks/bench_rewrite.py --quick   # about 2 minutes on 2 idle cores
+    python benchmarks/bench_rewrite.py           # about 4 minutes: more runs per figure
 
-Four figures, each measured in this one process, as the median of several
-runs (the two sides of a row are run alternately, so a load change on the
-machine hits both):
-
-0. Scaling, measured before anything else: rewrite_ext's add -> subtract (see
-   1.), the identity mutator and rewrite_ext's never-matching pattern (see 2.)
-   on a 10k and a 100k chain, for time(100k) / time(10k), in paired rounds
-   (10k then 100k, seconds apart; the median of the rounds' ratios).  Measured
-   apart because in 1. the 10k figures run alternately with TVM's rewrite_call,
-   which leaves the heap slower for what runs after it, while rewrite_ext at
-   100k runs alone.
-
-1. A pure chain of N bindings (1k, 10k, 30k, 100k; 30k not in --quick) in one
-   DataflowBlock, every 10th an ``R.add`` (the rest ``R.multiply`` / ``R.exp``),
-   rewritten add -> subtract
-   by ``rewrite_ext.rewrite_call`` and by ``tvm.relax.dpl.rewrite_call``.
-   Both outputs are checked structurally equal before anything is timed.
-2. The same chains with a pattern that never matches (``R.subtract``):
-   ``rewrite_ext.rewrite_call`` against the floor of any PyExprMutator-based
-   pass, an identity ``PyExprMutator`` that overrides nothing.
-3. Lowered, impure functions with N ``R.vm.copy_tensor`` (1k, 10k; 10k not in --quick; between
-   ``alloc_storage`` / ``alloc_tensor`` and other bindings):
-   ``rewrite_ext.hexagon.copy_to_dma`` against a hand-written
-   ``PyExprMutator`` doing the same rewrite the way the TVM forum thread
-   suggests (override ``visit_binding_block_``, emit dma_copy and dma_wait
-   with ``self.builder_.emit``).  Outputs checked structurally equal first.
-
-Times are printed in microseconds per binding of the input function.  Nothing
-here asserts on a time: the targets are printed as met / MISSED.
-The last line is ``RATIO rewrite_ext/tvm_rewrite_call at 10k: <x>``.
+One table: each row is a workload, each column a way of doing the same rewrite
+on it, all measured in this one process, the sides of a row alternating, each
+figure the median of at least 5 runs.  Before anything is timed, every side's
+output is checked structurally equal to the hand-written mutator's.  Then the
+scaling of rewrite_ext from 10k to 100k bindings, in paired rounds, and a
+TARGETS block printing each target of issue 16 as MET or MISSED.  Nothing here
+asserts on a time.  docs/performance.md says what each row is and the figures.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import math
 import os
 import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 import tvm
 import tvm_ffi
 from tvm import relax
-from tvm.ir import Op
-from tvm.relax.dpl import is_op, wildcard
+from tvm.ir import GlobalVar, Op
+from tvm.relax.dpl import is_gv, is_op, wildcard
 from tvm.relax.dpl import rewrite_call as tvm_rewrite_call
 from tvm.relax.expr_functor import PyExprMutator, mutator
+from tvm.relax.frontend import nn
 
 import rewrite_ext
 from rewrite_ext import ops
-from rewrite_ext.hexagon import dma
+from rewrite_ext.hexagon import DMA_COPY, DMA_WAIT, copy_to_dma
 
-SIZES = (1_000, 10_000, 30_000, 100_000)  # 30k: full runs only, to show the shape of the growth
-QUICK_SIZES = (1_000, 10_000, 100_000)
-COPY_SIZES = (1_000, 10_000)
-# --quick keeps every target and the RATIO line; the 10k copies (no target, 15 s of a slow
-# day's minute) are for full runs.
-QUICK_COPY_SIZES = (1_000,)
+CHAIN_BINDINGS = 10_000
+MATCH_RATES = {"1%": 100, "10%": 10, "100%": 1}  # rate -> every how many bindings an add
 SCALING_SIZES = (10_000, 100_000)
-TVM_100K_COST = "3-4 ms/binding, 5-7 min a run"
-SMALL_RUNS_PER_ROUND = 3  # runs of the 10k chain per side in each round of section 0
+COPIES = (1_000, 10_000)
+LAYERS = 24
+MIN_RUN_SECONDS = 0.05  # a run repeats a short rewrite until it lasts this long
+
+_VOID = relax.TupleType([])
 
 # -- inputs ------------------------------------------------------------------------------
 
 
-def make_chain(n: int) -> relax.Function:
-    """``n`` bindings in one DataflowBlock, each using the previous one; every 10th an add.
+def make_chain(n: int, every: int = 10) -> relax.Function:
+    """``n`` bindings in one DataflowBlock, each using the previous one; every ``every``-th an add.
 
-    The last binding is the block's output itself (``emit_output`` of the call), so
-    TVM's canonicalization has no trivial ``gv = lv`` binding to fold and both
-    rewriters can return structurally equal functions.
+    The rest alternate ``R.multiply`` and ``R.exp``.  The last binding is the
+    block's output itself, so TVM's canonicalization has no ``gv = lv`` to fold
+    and all sides can return structurally equal functions.
     """
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType([4, 4], "float32"))
@@ -86,7 +65,7 @@ def make_chain(n: int) -> relax.Function:
         with bb.dataflow():
             cur = x
             for i in range(n):
-                if i % 10 == 0:
+                if i % every == 0:
                     call = relax.op.add(cur, x)
                 elif i % 2:
                     call = relax.op.multiply(cur, cur)
@@ -123,29 +102,150 @@ def make_copies(n: int) -> relax.Function:
     return bb.get()["main"]
 
 
+class _Block(nn.Module):
+    """A pre-norm GPT block: attention (matmul, softmax) and a GELU MLP, each with a residual."""
+
+    def __init__(self, hidden: int, heads: int):
+        self.hidden, self.heads = hidden, heads
+        self.ln1, self.ln2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
+        self.qkv, self.proj = nn.Linear(hidden, 3 * hidden), nn.Linear(hidden, hidden)
+        self.fc1, self.fc2 = nn.Linear(hidden, 4 * hidden), nn.Linear(4 * hidden, hidden)
+
+    def forward(self, x: nn.Tensor) -> nn.Tensor:
+        batch, seq, hidden = x.shape
+        d = hidden // self.heads
+
+        def split_heads(t: nn.Tensor) -> nn.Tensor:
+            return nn.op.permute_dims(nn.op.reshape(t, [batch, seq, self.heads, d]), [0, 2, 1, 3])
+
+        q, k, v = (split_heads(t) for t in nn.op.split(self.qkv(self.ln1(x)), 3, axis=-1))
+        scores = nn.op.matmul(q, nn.op.permute_dims(k, [0, 1, 3, 2])) * (d**-0.5)
+        attn = nn.op.matmul(nn.op.softmax(scores, axis=-1), v)
+        x = x + self.proj(nn.op.reshape(nn.op.permute_dims(attn, [0, 2, 1, 3]), [batch, seq, hidden]))
+        return x + self.fc2(nn.op.gelu(self.fc1(self.ln2(x))))
+
+
+class _GPT(nn.Module):
+    def __init__(self, layers: int, hidden: int, heads: int):
+        self.layers = nn.ModuleList([_Block(hidden, heads) for _ in range(layers)])
+        self.ln_f = nn.LayerNorm(hidden)
+
+    def forward(self, x: nn.Tensor) -> nn.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return self.ln_f(x)
+
+
+def gpt_module(layers: int = LAYERS, hidden: int = 64, heads: int = 4, seq: int = 16) -> tvm.IRModule:
+    """A GPT-style ``tvm.relax.frontend.nn`` model as ``export_tvm`` gives it: one function, ``forward``.
+
+    Then ``CanonicalizeBindings``, which folds the trailing ``gv = lv`` that
+    TVM's rewrite_call would fold in its output and the other sides would keep.
+    ``forward`` takes the input ``x`` (1, seq, hidden), then the weights.
+    """
+    spec = {"forward": {"x": nn.spec.Tensor([1, seq, hidden], "float32")}}
+    mod, _ = _GPT(layers, hidden, heads).export_tvm(spec=spec)
+    return relax.transform.CanonicalizeBindings()(mod)
+
+
+def model_stages(layers: int = LAYERS) -> dict[str, relax.Function]:
+    """``gpt_module``'s ``forward`` at three stages.
+
+    ``"high"``: as exported; ``"legalized"``: after ``LegalizeOps``; ``"vm"``:
+    after TVM's ``default_build_pipeline`` (LegalizeOps through VMShapeLower
+    and AttachGlobalSymbol), the IR the VM code generator reads.
+    """
+    mod = gpt_module(layers)
+    with tvm.target.Target("llvm"):
+        vm_level = relax.pipeline.default_build_pipeline()(mod)
+    return {
+        "high": mod["forward"],
+        "legalized": relax.transform.LegalizeOps()(mod)["forward"],
+        "vm": vm_level["forward"],
+    }
+
+
 def count_bindings(func: relax.Function) -> int:
     return sum(len(block.bindings) for block in func.body.blocks)
 
 
-# -- the comparators -----------------------------------------------------------------------
+# -- the rewrites, each as a pattern and rewriter and as a hand-written mutator --------------
 
 _A, _B = wildcard(), wildcard()
 ADD_PATTERN = is_op("relax.add")(_A, _B)
-NEVER_PATTERN = is_op("relax.subtract")(_A, _B)  # the chains hold no subtract
+NEVER_PATTERN = is_op("relax.nn.conv2d")(_A, _B)  # neither the chains nor the GPT model convolve
+CALL_TIR_PATTERN = is_op("relax.call_tir")(wildcard(), wildcard(), varg_default_wildcard=True)
+KERNEL_PATTERN = is_gv()(varg_default_wildcard=True)  # a call of any GlobalVar: the VM's kernels
+TRACE = "bench.trace_kernel"
+
+_ADD = Op.get("relax.add")
+_CALL_TIR = Op.get("relax.call_tir")
+_CALL_DPS_PACKED = Op.get("relax.call_dps_packed")
 
 
-def add_to_subtract(orig: relax.Expr, m) -> relax.Expr:
-    """One-to-one, two-argument: the same rewriter for both rewrite_calls."""
-    return relax.op.subtract(m[_A], m[_B])
+def add_to_subtract(orig: relax.Expr, matchings) -> relax.Expr:
+    """1:1: ``R.add(a, b)`` -> ``R.subtract(a, b)``."""
+    return relax.op.subtract(matchings[_A], matchings[_B])
+
+
+def call_tir_to_packed(orig: relax.Call, matchings) -> relax.Expr:
+    """1:1: ``R.call_tir(gv, args, out)`` -> ``R.call_dps_packed("gv", args, out)``.
+
+    Offloads every kernel to an external function of the same name (what a
+    kernel-library dispatch does); TVM's rewrite_call can do it too.
+    """
+    gv, args = orig.args[0], orig.args[1]
+    return relax.Call(_CALL_DPS_PACKED, [relax.ExternFunc(gv.name_hint), args], ty_args=orig.ty_args)
+
+
+def trace_kernel(orig: relax.Call, matchings, builder: relax.BlockBuilder) -> relax.Expr:
+    """Two bindings a match: a trace call naming the kernel, then the kernel called by its symbol.
+
+    ``kernel(a, out)`` -> ``R.call_packed("bench.trace_kernel", "kernel")`` and
+    ``R.call_packed("kernel", a, out)``.  Neither is a GlobalVar call, so
+    nothing matches again.  TVM's rewrite_call cannot emit the first binding.
+    """
+    name = orig.op.name_hint
+    builder.emit(relax.Call(relax.ExternFunc(TRACE), [tvm.ir.StringImm(name)], ty_args=[_VOID]))
+    return relax.Call(relax.ExternFunc(name), orig.args, ty_args=orig.ty_args)
+
+
+@mutator
+class AddToSubtract(PyExprMutator):
+    """``add_to_subtract`` by hand: every call visited in Python, an add replaced."""
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        if call.op.same_as(_ADD):
+            return relax.op.subtract(call.args[0], call.args[1])
+        return call
+
+
+@mutator
+class CallTIRToPacked(PyExprMutator):
+    """``call_tir_to_packed`` by hand."""
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        if call.op.same_as(_CALL_TIR):
+            return call_tir_to_packed(call, None)
+        return call
+
+
+@mutator
+class TraceKernels(PyExprMutator):
+    """``trace_kernel`` by hand: the trace emitted through ``self.builder_``, then the replacement."""
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        if isinstance(call.op, GlobalVar):
+            return trace_kernel(call, None, self.builder_)
+        return call
 
 
 @mutator
 class Identity(PyExprMutator):
     """The floor of any PyExprMutator pass: nothing overridden, all in C++."""
-
-
-_COPY_OP = Op.get(ops.COPY_TENSOR_OP)
-_VOID = relax.TupleType([])
 
 
 def _imm(value: int) -> tvm.ir.PrimExpr:
@@ -154,7 +254,7 @@ def _imm(value: int) -> tvm.ir.PrimExpr:
 
 @mutator
 class HandWrittenDMA(PyExprMutator):
-    """copy_tensor -> dma_copy + dma_wait, written as the forum thread suggests.
+    """copy_tensor -> dma_copy + dma_wait, written as the TVM forum thread suggests.
 
     Every binding of every plain block goes through Python: a copy becomes two
     ``builder_.emit`` calls, anything else is ``visit_binding``.  Same output
@@ -164,18 +264,19 @@ class HandWrittenDMA(PyExprMutator):
     def visit_binding_block_(self, block: relax.BindingBlock) -> relax.BindingBlock:
         builder = self.builder_
         builder._begin_binding_block()
+        copy = Op.get(ops.COPY_TENSOR_OP)
         for binding in block.bindings:
             value = binding.value
-            if isinstance(value, relax.Call) and value.op.same_as(_COPY_OP):
+            if isinstance(value, relax.Call) and value.op.same_as(copy):
                 src, dst = (self.visit_expr(arg) for arg in value.args)
                 builder.emit(
                     relax.op.call_builtin_with_ctx(
-                        dma.DMA_COPY, [src, dst, _imm(0), _imm(1)], ty_args=[_VOID]
+                        DMA_COPY, [src, dst, _imm(0), _imm(1)], ty_args=[_VOID]
                     )
                 )
                 builder.emit(
                     relax.op.call_builtin_with_ctx(
-                        dma.DMA_WAIT, [_imm(0), _imm(0), _imm(1), src, dst], ty_args=[_VOID]
+                        DMA_WAIT, [_imm(0), _imm(0), _imm(1), src, dst], ty_args=[_VOID]
                     )
                 )
             else:
@@ -183,38 +284,301 @@ class HandWrittenDMA(PyExprMutator):
         return builder._end_block()
 
 
+# -- workloads ---------------------------------------------------------------------------
+
+
+@dataclass
+class Workload:
+    """One row: the same rewrite of ``func`` done each way; None where TVM cannot do it."""
+
+    key: str  # what the targets call it
+    name: str
+    func: relax.Function
+    ours: Callable[[relax.Function], relax.Function]
+    mutator: Callable[[relax.Function], relax.Function]
+    tvm: Callable[[relax.Function], relax.Function] | None
+    mutator_kind: str = "hand-written"
+    tvm_note: str = ""
+    figures: dict[str, float] = field(default_factory=dict)  # seconds per call, by side
+    bindings: int = 0  # of the input function
+
+    def __post_init__(self) -> None:
+        self.bindings = count_bindings(self.func)
+
+    def sides(self) -> dict[str, Callable[[], relax.Function]]:
+        sides = {"rewrite_ext": self.ours, "mutator": self.mutator, "tvm": self.tvm}
+        return {name: (lambda f=f: f(self.func)) for name, f in sides.items() if f is not None}
+
+
+def chain_workload(rate: str, n: int = CHAIN_BINDINGS) -> Workload:
+    return Workload(
+        rate,
+        f"chain {n // 1000}k, {rate} match, add -> subtract",
+        make_chain(n, MATCH_RATES[rate]),
+        ours=lambda f: rewrite_ext.rewrite_call(ADD_PATTERN, add_to_subtract, f),
+        mutator=lambda f: AddToSubtract().visit_expr(f),
+        tvm=lambda f: tvm_rewrite_call(ADD_PATTERN, add_to_subtract, f),
+    )
+
+
+def model_workloads(stages: dict[str, relax.Function]) -> list[Workload]:
+    return [
+        Workload(
+            "legalized",
+            "GPT legalized, every call_tir -> call_dps_packed",
+            stages["legalized"],
+            ours=lambda f: rewrite_ext.rewrite_call(CALL_TIR_PATTERN, call_tir_to_packed, f),
+            mutator=lambda f: CallTIRToPacked().visit_expr(f),
+            tvm=lambda f: tvm_rewrite_call(CALL_TIR_PATTERN, call_tir_to_packed, f),
+        ),
+        Workload(
+            "high",
+            "GPT high level, pattern never matches",
+            stages["high"],
+            ours=lambda f: rewrite_ext.rewrite_call(NEVER_PATTERN, add_to_subtract, f),
+            mutator=lambda f: Identity().visit_expr(f),
+            tvm=lambda f: tvm_rewrite_call(NEVER_PATTERN, add_to_subtract, f),
+            mutator_kind="identity",
+        ),
+        Workload(
+            "vm",
+            "GPT VM level, kernel -> trace + call (builder)",
+            stages["vm"],
+            ours=lambda f: rewrite_ext.rewrite_call(KERNEL_PATTERN, trace_kernel, f),
+            mutator=lambda f: TraceKernels().visit_expr(f),
+            tvm=None,
+            tvm_note="n/a: emits 2 bindings",
+        ),
+    ]
+
+
+def copies_workload(n: int) -> Workload:
+    return Workload(
+        f"copies {n}",
+        f"lowered, {n // 1000}k copies -> copy_to_dma",
+        make_copies(n),
+        ours=lambda f: copy_to_dma(f),
+        mutator=lambda f: HandWrittenDMA().visit_expr(f),
+        tvm=None,
+        tvm_note="n/a: emits 2 bindings",
+    )
+
+
+def all_workloads(quick: bool) -> Iterator[Workload]:
+    """Every row, each built when its turn comes: only the row being measured holds its input."""
+    for rate in MATCH_RATES:
+        yield chain_workload(rate)
+    progress("building the GPT model's three stages")
+    yield from model_workloads(model_stages())
+    for n in COPIES[:1] if quick else COPIES:
+        yield copies_workload(n)
+
+
+def check(workload: Workload) -> dict[str, float]:
+    """Run each side once; every output must equal the mutator's.  Returns each run's time."""
+    outputs, first = {}, {}
+    for name, run in workload.sides().items():
+        first[name], outputs[name] = timed(run)
+    reference = outputs.pop("mutator")
+    if workload.mutator_kind == "identity":
+        tvm.ir.assert_structural_equal(reference, workload.func)
+    elif tvm_ffi.structural_equal(reference, workload.func):
+        raise AssertionError(f"{workload.name}: the hand-written mutator changed nothing")
+    for name, out in outputs.items():
+        if not tvm_ffi.structural_equal(out, reference):
+            raise AssertionError(f"{workload.name}: {name}'s output differs from the mutator's")
+    return first
+
+
 # -- timing --------------------------------------------------------------------------------
 
 
-def run_once(fn: Callable[[], object]) -> float:
-    return timed(fn)[0]
-
-
-def timed(fn: Callable[[], object]) -> tuple[float, object]:
-    """One run's time, and what it returned (for the equality check before the other runs)."""
+def timed(fn: Callable[[], object], calls: int = 1) -> tuple[float, object]:
+    """Seconds per call over ``calls`` calls, and the last call's output."""
     gc.collect()
     start = time.perf_counter()
-    out = fn()
-    return time.perf_counter() - start, out
+    for _ in range(calls):
+        out = None  # the previous output is freed inside the timed loop, as a caller would
+        out = fn()
+    return (time.perf_counter() - start) / calls, out
 
 
-def alternate(
-    fns: list[Callable[[], object]], repeats: list[int], first: list[float] | None = None
-) -> list[float]:
-    """Medians, running the sides in turn (side i gets repeats[i] runs).
+def measure(
+    sides: dict[str, Callable[[], object]], repeats: int, first: dict[str, float]
+) -> dict[str, float]:
+    """Median seconds per call of each side over ``repeats`` runs, the sides taking turns.
 
-    ``first``: a run of each side already timed (the one whose output was
-    checked), counted as one of its runs.  The median keeps a first run's
-    warm-up from deciding a figure.
+    ``first``: a run of each already made (the checked one), which sets how many
+    calls make one run (at least ``MIN_RUN_SECONDS``) and is not counted.  Each
+    round starts with the next side, so no side always runs right after another.
     """
-    times: list[list[float]] = [[t] for t in first] if first else [[] for _ in fns]
-    if first:
-        repeats = [k - 1 for k in repeats]
-    for r in range(max(repeats)):
-        for i, fn in enumerate(fns):
-            if r < repeats[i]:
-                times[i].append(run_once(fn))
-    return [statistics.median(t) for t in times]
+    calls = {name: max(1, math.ceil(MIN_RUN_SECONDS / max(t, 1e-9))) for name, t in first.items()}
+    samples: dict[str, list[float]] = {name: [] for name in sides}
+    names = list(sides)
+    for r in range(repeats):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            samples[name].append(timed(sides[name], calls[name])[0])
+    return {name: statistics.median(ts) for name, ts in samples.items()}
+
+
+@dataclass
+class Scaling:
+    """time(big) / time(small) for one matching rate, each round's ratio and the median."""
+
+    rate: str
+    per_binding: dict[tuple[str, int], float]  # (side, n) -> median seconds per binding
+    ratios: dict[str, list[float]]  # side -> one ratio per round
+
+    def ratio(self, side: str) -> float:
+        return statistics.median(self.ratios[side])
+
+
+def measure_scaling(
+    rate: str,
+    rounds: int,
+    sizes: tuple[int, int] = SCALING_SIZES,
+    sides: tuple[str, ...] = ("rewrite_ext", "mutator"),
+) -> Scaling:
+    """``sides`` (rewrite_ext, the hand-written mutator) on a small and a big chain, in paired rounds.
+
+    Each round builds the small chain, times each side on it for as many calls
+    as make the work of one big call (10 at 10k -> 100k), frees it, then times
+    one call a side on the big chain: the same work seconds apart, one chain
+    alive at a time.  This machine's speed drifts by tens of percent over
+    minutes; timing all small runs and then all big ones let the drift decide
+    the ratio, and a single 10k run of a few ms is at the mercy of one hiccup.
+    The first round checks rewrite_ext's output against the mutator's.
+    """
+    small, big = sizes
+    times: dict[tuple[str, int], list[float]] = {}
+    for r in range(rounds):
+        for n, calls in ((small, big // small), (big, 1)):
+            workload = chain_workload(rate, n)
+            runs = workload.sides()
+            if r == 0:
+                ours, hand = runs["rewrite_ext"](), runs["mutator"]()
+                if not tvm_ffi.structural_equal(ours, hand):
+                    raise AssertionError(f"scaling {rate}: rewrite_ext's output differs at {n}")
+                del ours, hand
+            for name in sides:
+                times.setdefault((name, n), []).append(timed(runs[name], calls)[0])
+            del workload, runs
+            gc.collect()
+    return Scaling(
+        rate,
+        {(s, n): statistics.median(times[s, n]) / n for s in sides for n in sizes},
+        {s: [b / a for a, b in zip(times[s, small], times[s, big], strict=True)] for s in sides},
+    )
+
+
+# -- report --------------------------------------------------------------------------------
+
+
+def _us(seconds: float | None, bindings: int) -> str:
+    return f"{seconds * 1e6 / bindings:.2f}" if seconds is not None else "-"
+
+
+def _ratio(a: float, b: float | None) -> str:
+    return f"{a / b:.2f}" if b is not None else "-"
+
+
+def print_table(workloads: list[Workload]) -> None:
+    print()
+    print(
+        f"{'workload':<50} {'bindings':>8} {'rewrite_ext':>11} {'mutator':>8} {'tvm':>8}"
+        f"  {'/mutator':>8} {'/tvm':>6}"
+    )
+    print(f"{'':<50} {'':>8} {'us/b':>11} {'us/b':>8} {'us/b':>8}  {'':>8} {'':>6}")
+    for w in workloads:
+        f, b = w.figures, w.bindings
+        kind = " (identity)" if w.mutator_kind == "identity" else ""
+        tvm_s = _us(f.get("tvm"), b) if w.tvm else "n/a"
+        print(
+            f"{w.name:<50} {b:>8} {_us(f['rewrite_ext'], b):>11} {_us(f['mutator'], b):>8} {tvm_s:>8}  "
+            f"{_ratio(f['rewrite_ext'], f['mutator']):>8} {_ratio(f['rewrite_ext'], f.get('tvm')):>6}"
+            f"{kind}{'  ' + w.tvm_note if w.tvm_note else ''}",
+            flush=True,
+        )
+
+
+def print_scaling(scalings: list[Scaling]) -> None:
+    small, big = SCALING_SIZES
+    sk, bk = f"{small // 1000}k", f"{big // 1000}k"
+    print()
+    print(f"SCALING time({bk})/time({sk}), paired rounds (10.0 = linear); us/b at {sk} -> {bk}")
+    for s in scalings:
+        for side in s.ratios:
+            rounds = " ".join(f"{r:.1f}" for r in s.ratios[side])
+            print(
+                f"  chain {s.rate:>4} {side:<11} {s.ratio(side):5.1f}   "
+                f"{s.per_binding[side, small] * 1e6:.2f} -> {s.per_binding[side, big] * 1e6:.2f}"
+                f"   rounds: {rounds}"
+            )
+
+
+@dataclass
+class Target:
+    label: str
+    value: float | None  # None: not measured in this run
+    limit: float
+
+    def line(self) -> str:
+        if self.value is None:
+            return f"  {self.label:<62} {'-':>6}  <= {self.limit:<4} not measured (--quick)"
+        verdict = "MET" if self.value <= self.limit else "MISSED"
+        return f"  {self.label:<62} {self.value:6.2f}  <= {self.limit:<4} {verdict}"
+
+
+def targets(workloads: dict[str, Workload], scalings: list[Scaling]) -> list[Target]:
+    """Issue 16's targets, each from this run's figures."""
+
+    def ratio(key: str, other: str) -> float | None:
+        w = workloads.get(key)
+        return w.figures["rewrite_ext"] / w.figures[other] if w else None
+
+    out = []
+    for rate in MATCH_RATES:
+        out.append(
+            Target(f"chain 10k {rate}: rewrite_ext / hand-written mutator", ratio(rate, "mutator"), 1.5)
+        )
+        out.append(Target(f"chain 10k {rate}: rewrite_ext / TVM rewrite_call", ratio(rate, "tvm"), 0.5))
+    out += [
+        Target(
+            "GPT legalized, call_tir 1:1: rewrite_ext / TVM rewrite_call", ratio("legalized", "tvm"), 0.5
+        ),
+        Target(
+            "GPT high level, no match: rewrite_ext / identity mutator", ratio("high", "mutator"), 1.2
+        ),
+        Target("GPT high level, no match: rewrite_ext / TVM rewrite_call", ratio("high", "tvm"), 1.0),
+        Target(
+            "GPT VM level, 2 bindings a match: rewrite_ext / hand-written", ratio("vm", "mutator"), 1.5
+        ),
+    ]
+    for n in COPIES:
+        out.append(
+            Target(
+                f"copy_to_dma, {n // 1000}k copies: / hand-written mutator",
+                ratio(f"copies {n}", "mutator"),
+                1.5,
+            )
+        )
+    for s in scalings:
+        out.append(
+            Target(f"chain {s.rate}: rewrite_ext time(100k) / time(10k)", s.ratio("rewrite_ext"), 11)
+        )
+    return out
+
+
+def machine() -> str:
+    cpu = "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(
+                (line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "?"
+            )
+    except OSError:
+        pass
+    return f"nproc={os.cpu_count()} cpu={cpu!r} python={platform.python_version()} tvm={tvm.__version__}"
 
 
 _STARTED = time.perf_counter()
@@ -224,292 +588,55 @@ def progress(what: str) -> None:
     print(f"# ... {time.perf_counter() - _STARTED:5.1f} s: {what}", file=sys.stderr, flush=True)
 
 
-def us_per(seconds: float, n: int) -> float:
-    return seconds * 1e6 / n
-
-
-def header(title: str, left: str, right: str) -> None:
-    print()
-    print(f"== {title}")
-    print(f"{'N':>8} {'bindings':>9} {left + ' us/b':>18} {right + ' us/b':>22} {'ratio':>8}  runs")
-
-
-def row(n: int, bindings: int, left: float, right: float | None, runs: str) -> None:
-    right_s = f"{us_per(right, bindings):22.2f}" if right is not None else f"{'skipped':>22}"
-    ratio_s = f"{left / right:8.3f}" if right is not None else f"{'-':>8}"
-    print(f"{n:>8} {bindings:>9} {us_per(left, bindings):18.2f} {right_s} {ratio_s}  {runs}", flush=True)
-
-
-def machine() -> str:
-    cpu = "?"
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return (
-        f"nproc={os.cpu_count()} cpu={cpu!r} python={platform.python_version()} "
-        f"tvm={tvm.__version__}"
-    )
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer runs, TVM at 100k skipped (< 60 s)")
     parser.add_argument(
-        "--repeats",
-        type=int,
-        default=None,
-        help="runs per figure, at least 5 (default 7; --quick: 5)",
+        "--quick",
+        action="store_true",
+        help="5 runs a figure; 10k copies and the mutator's scaling skipped (about 2 min)",
     )
     parser.add_argument(
-        "--skip-tvm-100k", action="store_true", help="skip TVM's rewrite_call at 100k in a full run"
+        "--repeats", type=int, default=None, help="runs a figure, at least 5 (default 9; --quick 5)"
     )
     args = parser.parse_args(argv)
-    repeats = args.repeats or (5 if args.quick else 7)
+    repeats = args.repeats or (5 if args.quick else 9)
     if repeats < 5:
         parser.error("--repeats: a median of at least 5 runs per figure")
-    tvm_100k = not (args.quick or args.skip_tvm_100k)
-    start_all = time.perf_counter()
 
     print(f"# bench_rewrite {'--quick' if args.quick else '(full)'}: {machine()}")
+    print(f"# median of {repeats} runs a figure; us/b = microseconds per input binding")
     print(
-        f"# median of {repeats} runs per figure; us/b = microseconds per input binding; "
-        "ratio = left / right"
+        "# mutator = a hand-written PyExprMutator doing the same rewrite"
+        " (identity: one overriding nothing)"
     )
+    print("# /mutator, /tvm = rewrite_ext's time over that column's")
 
-    results: dict[tuple[str, int], float] = {}
-    rows: dict[str, list[tuple]] = {"match": [], "never": []}
+    workloads = []
+    for workload in all_workloads(args.quick):
+        progress(workload.name)
+        workload.figures = measure(workload.sides(), repeats, check(workload))
+        workload.func = None  # an input left in memory slows the rows after it
+        workloads.append(workload)
+    print_table(workloads)
 
-    # 0. Scaling, measured first: the 10k figures of section 1 run alternately with TVM's
-    # rewrite_call, whose allocations leave the heap slower for whatever runs next, while
-    # rewrite_ext at 100k runs alone; a ratio of those two would flatter the 100k side.
-    scaling = measure_scaling(repeats)
+    scalings = []
+    for rate in MATCH_RATES:
+        progress(f"scaling, chain {rate}")
+        # --quick leaves out the mutator's ratio: it is context for rewrite_ext's, not a target.
+        sides = ("rewrite_ext",) if args.quick else ("rewrite_ext", "mutator")
+        scalings.append(measure_scaling(rate, repeats, sides=sides))
+    print_scaling(scalings)
 
-    # One chain alive at a time: a 100k chain left in memory slows the 10k figures (caches).
-    for n in QUICK_SIZES if args.quick else SIZES:
-        if args.quick and n in SCALING_SIZES[1:]:
-            # Section 0 timed all three sides on this chain (checked there): reuse its runs.
-            note = f"{repeats}/0  section 0's runs; TVM skipped (--quick): {TVM_100K_COST}"
-            rows["match"].append((n, n, scaling["ext"][n], None, note))
-            results[("ext", n)] = scaling["ext"][n]
-            results[("never", n)] = scaling["never"][n]
-            results[("identity", n)] = scaling["identity"][n]
-            runs = f"{repeats}/{repeats}  section 0's runs"
-            rows["never"].append((n, n, scaling["never"][n], scaling["identity"][n], runs))
-            continue
-        progress(f"chain of {n} bindings")
-        func = make_chain(n)
-        reps = repeats
-
-        # 1. ~10% of bindings match.
-        ours = lambda func=func: rewrite_ext.rewrite_call(ADD_PATTERN, add_to_subtract, func)
-        theirs = lambda func=func: tvm_rewrite_call(ADD_PATTERN, add_to_subtract, func)
-        if n >= 100_000 and not tvm_100k:
-            # Alone on its row, rewrite_ext would be measured as section 0 measured it
-            # (checked against the hand-written rewrite there): those runs are reused.
-            t_ours = scaling["ext"][n]
-            note = f"{reps}/0  section 0's runs; TVM skipped (--skip-tvm-100k): {TVM_100K_COST}"
-            rows["match"].append((n, n, t_ours, None, note))
-        else:
-            # Checked first; the checked runs count as timed runs (at 100k TVM's single run,
-            # minutes, is its one timing).  TVM's runs with nothing else alive, ours beside
-            # TVM's output: if that costs anything, it costs rewrite_ext.
-            t_first, reference = timed(theirs)
-            t_first_ours, out = timed(ours)
-            tvm.ir.assert_structural_equal(out, reference)
-            del reference, out
-            if n >= 100_000:
-                (t_ours,) = alternate([ours], [reps], first=[t_first_ours])
-                t_theirs = t_first
-                runs = f"{reps}/1  TVM: a single run (the equality check's)"
-            else:
-                t_ours, t_theirs = alternate(
-                    [ours, theirs], [reps, reps], first=[t_first_ours, t_first]
-                )
-                runs = f"{reps}/{reps}"
-            results[("tvm", n)] = t_theirs
-            rows["match"].append((n, n, t_ours, t_theirs, runs))
-        results[("ext", n)] = t_ours
-
-        # 2. Nothing matches.
-        ours = lambda func=func: rewrite_ext.rewrite_call(NEVER_PATTERN, add_to_subtract, func)
-        floor = lambda func=func: Identity().visit_expr(func)
-        tvm.ir.assert_structural_equal(ours(), func)
-        tvm.ir.assert_structural_equal(floor(), func)
-        t_ours, t_floor = alternate([ours, floor], [reps, reps])
-        results[("never", n)] = t_ours
-        results[("identity", n)] = t_floor
-        rows["never"].append((n, n, t_ours, t_floor, f"{reps}/{reps}"))
-        del func, ours, theirs, floor
-        gc.collect()
-
-    header("1. chain, every 10th binding an add -> subtract", "rewrite_ext", "tvm_rewrite_call")
-    for r in rows["match"]:
-        row(*r)
-    header("2. chain, pattern never matches", "rewrite_ext", "identity_mutator")
-    for r in rows["never"]:
-        row(*r)
-
-    # 3. Hexagon copy -> DMA on lowered code.
-    header("3. lowered copies, copy_tensor -> dma_copy + dma_wait", "copy_to_dma", "hand_mutator")
-    for n in COPY_SIZES:
-        if args.quick and n not in QUICK_COPY_SIZES:
-            print(f"{n:>8} {'-':>9} {'skipped':>18} {'skipped':>22} {'-':>8}  --quick: full runs only")
-            continue
-        progress(f"copy function with {n} copies")
-        func = make_copies(n)
-        bindings = count_bindings(func)
-        ours = lambda func=func: dma.copy_to_dma(func)
-        hand = lambda func=func: HandWrittenDMA().visit_expr(func)
-        # The comparator's checked run first, with nothing else alive; ours runs beside its output.
-        first_hand, out_hand = timed(hand)
-        first_ours, out_ours = timed(ours)
-        tvm.ir.assert_structural_equal(out_ours, out_hand)
-        assert count_bindings(out_ours) == bindings + n
-        del out_ours, out_hand
-        reps = repeats
-        t_ours, t_hand = alternate([ours, hand], [reps, reps], first=[first_ours, first_hand])
-        results[("dma", n)] = t_ours
-        results[("hand", n)] = t_hand
-        row(n, bindings, t_ours, t_hand, f"{reps}/{reps}  (N = copies)")
-
-    # Summary.
+    results = targets({w.key: w for w in workloads}, scalings)
     print()
-    ratio_10k = results[("ext", 10_000)] / results[("tvm", 10_000)]
-    never_10k = results[("never", 10_000)] / results[("identity", 10_000)]
-    never_100k = results[("never", 100_000)] / results[("identity", 100_000)]
-    ext, floor = scaling["ext"], scaling["identity"]
-    scale, scale_floor = ext["ratio"], floor["ratio"]
-    print(
-        f"SCALING (measured first, before any TVM run; medians over {repeats} rounds) us/b at "
-        f"10k -> 100k: rewrite_ext match {us_per(ext[10_000], 10_000):.2f} -> "
-        f"{us_per(ext[100_000], 100_000):.2f}, identity-mutator floor "
-        f"{us_per(floor[10_000], 10_000):.2f} -> {us_per(floor[100_000], 100_000):.2f}"
-    )
-    print(
-        "SCALING time(100k)/time(10k) of each round: rewrite_ext match "
-        + " ".join(f"{r:.1f}" for r in ext["ratios"])
-        + "; identity-mutator floor "
-        + " ".join(f"{r:.1f}" for r in floor["ratios"])
-    )
-    print(
-        f"SCALING time(100k)/time(10k), median of the rounds: rewrite_ext match {scale:.1f}, "
-        f"identity-mutator floor {scale_floor:.1f} (10.0 = linear); "
-        f"rewrite_ext / floor {scale / scale_floor:.2f}"
-    )
-    table_scale = results[("ext", 100_000)] / results[("ext", 10_000)]
-    table_never = results[("never", 100_000)] / results[("never", 10_000)]
-    print(
-        f"SCALING from the tables above (10k run after TVM, 100k alone): rewrite_ext match "
-        f"{table_scale:.1f}, never-match {table_never:.1f}"
-    )
-    if ("tvm", 100_000) in results:
-        scale_tvm = results[("tvm", 100_000)] / results[("tvm", 10_000)]
-        print(f"SCALING time(100k)/time(10k): tvm_rewrite_call {scale_tvm:.1f}")
-
-    def target(label: str, value: float, limit: float) -> None:
-        verdict = "met" if value <= limit else "MISSED"
-        print(f"TARGET {label}: {value:.2f} <= {limit} {verdict}")
-
-    target("rewrite_ext/tvm_rewrite_call at 10k", ratio_10k, 0.5)
-    target("never-match rewrite_ext/identity floor at 10k", never_10k, 3)
-    target("never-match rewrite_ext/identity floor at 100k", never_100k, 3)
-    target("rewrite_ext time(100k)/time(10k)", scale, 11)
-    print(f"# total wall time {time.perf_counter() - start_all:.1f} s")
-    print(f"RATIO rewrite_ext/tvm_rewrite_call at 10k: {ratio_10k:.2f}")
+    print("TARGETS (issue 16)")
+    for t in results:
+        print(t.line())
+    measured = [t for t in results if t.value is not None]
+    met = sum(t.value <= t.limit for t in measured)
+    print(f"TARGETS MET: {met} of {len(measured)} measured ({len(results)} in all)")
+    print(f"# wall time {time.perf_counter() - _STARTED:.1f} s")
     return 0
-
-
-def scaling_sides(func: relax.Function) -> dict[str, Callable[[], relax.Function]]:
-    """What section 0 times on ``func``: rewrite_ext's add -> subtract, the floor, and
-    rewrite_ext with the never-matching pattern (section 2's figure, reused by --quick)."""
-    return {
-        "rewrite_ext": lambda: rewrite_ext.rewrite_call(ADD_PATTERN, add_to_subtract, func),
-        "identity": lambda: Identity().visit_expr(func),
-        "never": lambda: rewrite_ext.rewrite_call(NEVER_PATTERN, add_to_subtract, func),
-    }
-
-
-def measure_scaling(rounds: int) -> dict[str, dict]:
-    """Time ``scaling_sides`` on a 10k and a 100k chain, in paired rounds.
-
-    Each round builds the 10k chain, times it (median of ``SMALL_RUNS_PER_ROUND``
-    runs per side: a run is 10x shorter than a 100k run, so noisier) and frees
-    it, then does the same with the 100k chain (one run per side), all within a
-    few seconds.  The machine's speed drifts by tens of percent over minutes:
-    timing all 10k runs and then all 100k runs let a drift between the two decide
-    the ratio either way (5.2 and 14.1 were printed for the same code).  A round's
-    ratio pairs runs made seconds apart; the figure is the median over rounds.
-    One chain is alive at a time: with a 100k chain in memory the 10k runs are
-    slower (8% for rewrite_ext, 60% for the identity mutator, measured), which
-    would flatter the ratio.
-    """
-    small, big = SCALING_SIZES
-    names = {"ext": "rewrite_ext", "identity": "identity", "never": "never"}
-    times: dict[str, dict[int, list[float]]] = {
-        side: {n: [] for n in SCALING_SIZES} for side in names
-    }
-    for r in range(rounds):
-        progress(f"scaling: round {r + 1} of {rounds}")
-        for n, runs in ((small, SMALL_RUNS_PER_ROUND), (big, 1)):
-            func = make_chain(n)
-            sides = scaling_sides(func)
-            if r == 0:
-                # The first round's first runs are checked, by structural hash: an expected
-                # 100k output kept alive would slow the runs it is compared with.
-                unchanged = tvm_ffi.structural_hash(func)
-                expected = {
-                    "ext": tvm_ffi.structural_hash(add_to_subtract_by_hand(func)),
-                    "identity": unchanged,
-                    "never": unchanged,
-                }
-            samples: dict[str, list[float]] = {side: [] for side in names}
-            for k in range(runs):
-                for side, name in names.items():
-                    t, out = timed(sides[name])
-                    if r == 0 and k == 0 and not _is_expected(out, func, side, expected[side]):
-                        raise AssertionError(f"section 0: {name} on the {n} chain: wrong output")
-                    del out
-                    samples[side].append(t)
-            for side, ts in samples.items():
-                times[side][n].append(statistics.median(ts))
-            del func, sides
-            gc.collect()
-    result: dict[str, dict] = {}
-    for side, by_size in times.items():
-        ratios = [b / s for s, b in zip(by_size[small], by_size[big])]
-        result[side] = {
-            "ratio": statistics.median(ratios),
-            "ratios": ratios,
-            **{n: statistics.median(t) for n, t in by_size.items()},
-        }
-    return result
-
-
-def _is_expected(out: relax.Function, func: relax.Function, side: str, expected: int) -> bool:
-    # The input handed back as it is needs no hash (about half a second at 100k, and --quick
-    # has a minute): only the sides that should leave the chain unchanged may take that path.
-    if side != "ext" and out.same_as(func):
-        return True
-    return tvm_ffi.structural_hash(out) == expected
-
-
-def add_to_subtract_by_hand(func: relax.Function) -> relax.Function:
-    """The expected output when TVM is not run: every add rewritten by hand, nothing else."""
-
-    @mutator
-    class AddToSubtract(PyExprMutator):
-        def visit_call_(self, call: relax.Call) -> relax.Expr:
-            call = super().visit_call_(call)
-            if call.op.same_as(Op.get("relax.add")):
-                return relax.op.subtract(*call.args)
-            return call
-
-    return AddToSubtract().visit_expr(func)
 
 
 if __name__ == "__main__":

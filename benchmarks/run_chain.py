@@ -6,12 +6,13 @@ with none (building the chain and importing TVM cost the same in both), and
 divide the difference by N * K::
 
     valgrind --tool=cachegrind --cache-sim=yes --LL=4194304,16,64 \\
-        python benchmarks/run_chain.py rewrite_ext 10000 10
+        python benchmarks/run_chain.py rewrite_ext 10000 10 --rate 10%
     valgrind --tool=cachegrind --cache-sim=yes --LL=4194304,16,64 \\
-        python benchmarks/run_chain.py rewrite_ext 10000 0
+        python benchmarks/run_chain.py rewrite_ext 10000 0 --rate 10%
 
 ``SIDE`` is ``rewrite_ext`` (the add -> subtract rewrite of the chain) or
-``identity`` (the identity-mutator floor).  See docs/performance.md.
+``mutator`` (the hand-written PyExprMutator doing the same); ``--rate`` the
+share of the chain's bindings that match (1%, 10% or 100%).
 """
 
 from __future__ import annotations
@@ -24,10 +25,12 @@ from tvm import relax
 
 import bench_rewrite as bench
 
+SIDES = ("rewrite_ext", "mutator")
 
-def run(side: str, n: int, repeats: int) -> relax.Function | None:
+
+def run(side: str, rate: str, n: int, repeats: int) -> relax.Function | None:
     """Build a chain of ``n`` bindings and run ``side`` on it ``repeats`` times; the last output."""
-    once = bench.scaling_sides(bench.make_chain(n))[side]
+    once = bench.chain_workload(rate, n).sides()[side]
     gc.collect()
     out = None
     for _ in range(repeats):
@@ -38,11 +41,14 @@ def run(side: str, n: int, repeats: int) -> relax.Function | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("side", choices=["rewrite_ext", "identity"])
+    parser.add_argument("side", choices=SIDES)
     parser.add_argument("n", type=int, help="bindings in the chain")
     parser.add_argument("repeats", type=int, help="runs (0: only build the chain)")
+    parser.add_argument(
+        "--rate", choices=list(bench.MATCH_RATES), default="10%", help="share of bindings that match"
+    )
     args = parser.parse_args(argv)
-    run(args.side, args.n, args.repeats)
+    run(args.side, args.rate, args.n, args.repeats)
     return 0
 
 

@@ -1,8 +1,9 @@
 """The benchmark compares like with like: its inputs and comparators, at small sizes.
 
-Nothing here times anything; these keep ``benchmarks/bench_rewrite.py`` honest
-when the library or TVM changes (a comparator that drifted from rewrite_ext's
-output would make every ratio it prints meaningless).
+Nothing here times anything.  These keep ``benchmarks/bench_rewrite.py``
+honest when the library or TVM changes: a comparator that drifted from
+rewrite_ext's output, or a rewrite that broke the model, would make every
+ratio it prints meaningless.
 """
 
 from __future__ import annotations
@@ -10,43 +11,171 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import tvm
 from tvm import relax
-from tvm.relax.dpl import rewrite_call as tvm_rewrite_call
 
 import rewrite_ext
-from rewrite_ext.hexagon import dma
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import bench_rewrite as bench  # noqa: E402
+import run_chain  # noqa: E402
+
+LAYERS = 2
 
 
-@pytest.mark.parametrize("n", [1, 10, 57])
-def test_the_chain_rewrite_equals_tvms_and_the_hand_written_one(n):
-    func = bench.make_chain(n)
-    assert bench.count_bindings(func) == n
-    ours = rewrite_ext.rewrite_call(bench.ADD_PATTERN, bench.add_to_subtract, func)
-    tvm.ir.assert_structural_equal(ours, tvm_rewrite_call(bench.ADD_PATTERN, bench.add_to_subtract, func))
-    tvm.ir.assert_structural_equal(ours, bench.add_to_subtract_by_hand(func))
-    text = ours.script()
-    assert "R.add" not in text and text.count("R.subtract") == (n + 9) // 10
+@pytest.fixture(scope="module")
+def stages():
+    return bench.model_stages(layers=LAYERS)
+
+
+def _bound_values(func: relax.Function) -> list[relax.Expr]:
+    return [binding.value for block in func.body.blocks for binding in block.bindings]
+
+
+def _ops(func: relax.Function) -> list[str]:
+    """The callee of every bound call: an op's name, an ExternFunc's symbol or a GlobalVar's name."""
+    callees = [value.op for value in _bound_values(func) if isinstance(value, relax.Call)]
+    return [
+        getattr(op, "name", None) or getattr(op, "global_symbol", None) or op.name_hint for op in callees
+    ]
+
+
+@pytest.mark.parametrize("rate", list(bench.MATCH_RATES))
+@pytest.mark.parametrize("n", [1, 57, 300])
+def test_the_chain_rewrite_is_the_same_done_every_way(rate, n):
+    workload = bench.chain_workload(rate, n)
+    assert workload.bindings == n
+    adds = _ops(workload.func).count("relax.add")
+    assert adds == (n + bench.MATCH_RATES[rate] - 1) // bench.MATCH_RATES[rate]
+    bench.check(workload)  # TVM's and rewrite_ext's outputs equal the hand-written mutator's
+    ours = workload.ours(workload.func)
+    assert _ops(ours).count("relax.subtract") == adds and "relax.add" not in _ops(ours)
     relax.analysis.well_formed(ours)
 
 
-def test_the_never_matching_pattern_leaves_the_chain_as_the_identity_mutator_does():
-    func = bench.make_chain(30)
-    tvm.ir.assert_structural_equal(rewrite_ext.rewrite_call(bench.NEVER_PATTERN, bench.add_to_subtract, func), func)
-    tvm.ir.assert_structural_equal(bench.Identity().visit_expr(func), func)
+def test_the_model_is_a_24_layer_gpt_at_three_stages():
+    high = bench.model_stages()["high"]
+    names = _ops(high)
+    assert names.count("relax.nn.layer_norm") == 2 * 24 + 1
+    assert names.count("relax.nn.softmax") == 24 and names.count("relax.nn.gelu") == 24
+    assert names.count("relax.matmul") == 6 * 24  # four Linear layers and two in attention
+
+
+def test_each_stage_is_what_its_name_says(stages):
+    assert "relax.call_tir" not in _ops(stages["high"])
+    assert set(_ops(stages["legalized"])) == {"relax.call_tir"}
+    vm = stages["vm"]
+    assert vm.attrs["relax.force_pure"] and "relax.call_tir" not in _ops(vm)
+    kernels = [
+        v for v in _bound_values(vm) if isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.GlobalVar)
+    ]
+    assert "relax.vm.alloc_tensor" in _ops(vm) and len(kernels) > 20 * LAYERS
+
+
+def _model_workload(stages, key: str) -> bench.Workload:
+    return {w.key: w for w in bench.model_workloads(stages)}[key]
+
+
+@pytest.mark.parametrize("key", ["legalized", "high", "vm"])
+def test_each_model_rewrite_is_the_same_done_every_way(stages, key):
+    workload = _model_workload(stages, key)
+    bench.check(workload)  # raises if any side's output differs from the mutator's
+    relax.analysis.well_formed(workload.ours(workload.func))
+
+
+def test_the_never_matching_pattern_changes_nothing_anywhere(stages):
+    workload = _model_workload(stages, "high")
+    for run in workload.sides().values():
+        tvm.ir.assert_structural_equal(run(), stages["high"])
+
+
+def test_the_check_refuses_a_side_that_does_a_different_rewrite(stages):
+    workload = _model_workload(stages, "legalized")
+    workload.ours = lambda f: f  # declines every match
+    with pytest.raises(AssertionError, match="rewrite_ext's output differs"):
+        bench.check(workload)
+
+
+def _run_model(mod: tvm.IRModule, pipeline, args):
+    vm = relax.VirtualMachine(relax.build(mod, target="llvm", relax_pipeline=pipeline), tvm.cpu())
+    return vm["forward"](*[tvm.runtime.tensor(a) for a in args]).numpy()
+
+
+def test_the_timed_model_rewrites_are_real_ones_that_run():
+    # Modules rather than the stages' functions: the kernels must be built with them.
+    mod = bench.gpt_module(LAYERS)
+    rng = np.random.default_rng(0)
+    args = [
+        rng.standard_normal([int(d) for d in p.ty.shape], dtype="float32") for p in mod["forward"].params
+    ]
+    expected = _run_model(mod, "default", args)
+
+    legalized = rewrite_ext.rewrite_call(
+        bench.CALL_TIR_PATTERN, bench.call_tir_to_packed, relax.transform.LegalizeOps()(mod)
+    )
+    assert "relax.call_tir" not in _ops(legalized["forward"])
+    np.testing.assert_array_equal(_run_model(legalized, "default", args), expected)
+
+    with tvm.target.Target("llvm"):
+        vm_level = relax.pipeline.default_build_pipeline()(mod)
+    kernels = [
+        v.op.name_hint
+        for v in _bound_values(vm_level["forward"])
+        if isinstance(getattr(v, "op", None), tvm.ir.GlobalVar)
+    ]
+    traced = []
+    tvm.register_global_func(bench.TRACE, lambda name: traced.append(str(name)), override=True)
+    traced_mod = rewrite_ext.rewrite_call(bench.KERNEL_PATTERN, bench.trace_kernel, vm_level)
+    np.testing.assert_array_equal(_run_model(traced_mod, None, args), expected)
+    assert traced == kernels  # one trace per kernel, in order
 
 
 def test_copy_to_dma_equals_the_forum_threads_hand_written_mutator():
-    func = bench.make_copies(20)
-    assert bench.count_bindings(func) == 3 * 20 + 2  # two storages, one per 16 copies
-    ours = dma.copy_to_dma(func)
-    tvm.ir.assert_structural_equal(ours, bench.HandWrittenDMA().visit_expr(func))
-    assert bench.count_bindings(ours) == bench.count_bindings(func) + 20
+    workload = bench.copies_workload(20)
+    assert workload.bindings == 3 * 20 + 2  # two storages, one per 16 copies
+    bench.check(workload)
+    ours = workload.ours(workload.func)
+    assert bench.count_bindings(ours) == workload.bindings + 20
     assert ours.script().count("dma_wait") == 20
+
+
+def test_a_figure_is_the_median_of_runs_whose_sides_take_turns_starting_with_each():
+    order = []
+    sides = {name: (lambda name=name: order.append(name)) for name in ("a", "b", "c")}
+    # A first call of 1 s makes a run of one call; a shorter one, as many as last MIN_RUN_SECONDS.
+    short = bench.MIN_RUN_SECONDS / 4
+    figures = bench.measure(sides, 5, {"a": 1.0, "b": 1.0, "c": short})
+    assert set(figures) == {"a", "b", "c"} and all(t >= 0 for t in figures.values())
+    assert order.count("a") == order.count("b") == 5 and order.count("c") == 5 * 4
+    runs = [name for i, name in enumerate(order) if i == 0 or order[i - 1] != name]
+    assert [runs[i] for i in range(0, 15, 3)] == ["a", "b", "c", "a", "b"]  # each round's first
+
+
+def test_the_scaling_figure_is_one_ratio_per_round_and_their_median():
+    figure = bench.measure_scaling("10%", 3, sizes=(20, 200))
+    for side in ("rewrite_ext", "mutator"):
+        assert len(figure.ratios[side]) == 3
+        assert figure.ratio(side) == sorted(figure.ratios[side])[1]
+        assert figure.per_binding[side, 20] > 0 and figure.per_binding[side, 200] > 0
+    assert set(bench.measure_scaling("1%", 1, sizes=(20, 200), sides=("rewrite_ext",)).ratios) == {
+        "rewrite_ext"
+    }
+
+
+def test_a_target_is_met_at_its_limit_and_missed_above_it():
+    assert bench.Target("x", 1.5, 1.5).line().endswith("MET")
+    assert bench.Target("x", 1.51, 1.5).line().endswith("MISSED")
+    assert "not measured" in bench.Target("x", None, 1.5).line()
+
+
+def test_every_target_of_the_issue_is_reported_even_unmeasured():
+    labels = [t.label for t in bench.targets({}, [])]
+    assert len(labels) == 6 + 4 + len(
+        bench.COPIES
+    )  # chains, model, copies; scaling comes with its figures
+    assert all(t.value is None for t in bench.targets({}, []))
 
 
 def test_the_benchmark_refuses_fewer_than_five_runs(capsys):
@@ -56,42 +185,8 @@ def test_the_benchmark_refuses_fewer_than_five_runs(capsys):
 
 
 def test_the_instruction_count_runner_does_the_work_of_the_scaling_figure():
-    import run_chain
-
-    rewritten = run_chain.run("rewrite_ext", 25, 2)
-    tvm.ir.assert_structural_equal(rewritten, bench.add_to_subtract_by_hand(bench.make_chain(25)))
-    tvm.ir.assert_structural_equal(run_chain.run("identity", 25, 1), bench.make_chain(25))
-    assert run_chain.run("rewrite_ext", 25, 0) is None  # the baseline run only builds the chain
+    rewritten = run_chain.run("rewrite_ext", "100%", 25, 2)
+    tvm.ir.assert_structural_equal(rewritten, bench.AddToSubtract().visit_expr(bench.make_chain(25, 1)))
+    assert run_chain.run("rewrite_ext", "100%", 25, 0) is None  # the baseline run only builds the chain
     with pytest.raises(SystemExit):
-        run_chain.main(["tvm", "25", "1"])  # only the two sides of the scaling figure
-
-
-def test_the_scaling_figure_pairs_the_two_sizes_round_by_round(monkeypatch):
-    monkeypatch.setattr(bench, "SCALING_SIZES", (20, 200))
-    monkeypatch.setattr(bench, "SMALL_RUNS_PER_ROUND", 2)
-    figure = bench.measure_scaling(3)
-    assert set(figure) == {"ext", "identity", "never"}
-    for side in figure.values():
-        assert len(side["ratios"]) == 3  # one ratio per round, not one of two medians
-        assert side["ratio"] == sorted(side["ratios"])[1]
-        assert side[20] > 0 and side[200] > 0
-
-
-def test_the_scaling_figure_checks_what_it_times(monkeypatch):
-    monkeypatch.setattr(bench, "SCALING_SIZES", (20, 200))
-    monkeypatch.setattr(bench, "add_to_subtract_by_hand", lambda func: func)  # expects no rewrite
-    with pytest.raises(AssertionError, match="rewrite_ext on the 20 chain"):
-        bench.measure_scaling(1)
-
-
-def test_the_scaling_figure_checks_the_sides_that_should_change_nothing(monkeypatch):
-    monkeypatch.setattr(bench, "SCALING_SIZES", (20, 200))
-    sides = bench.scaling_sides
-
-    def never_rewrites_anyway(func):
-        # The never-matching side wrongly rewriting: a new function, not the input handed back.
-        return {**sides(func), "never": sides(func)["rewrite_ext"]}
-
-    monkeypatch.setattr(bench, "scaling_sides", never_rewrites_anyway)
-    with pytest.raises(AssertionError, match="never on the 20 chain"):
-        bench.measure_scaling(1)
+        run_chain.main(["tvm", "25", "1"])
