@@ -13,7 +13,11 @@ _WRAPPERS = (P.TypePattern, P.DataTypePattern, P.ShapePattern, P.AttrPattern)
 _LEAVES = (P.WildcardPattern, P.VarPattern, P.GlobalVarPattern, P.ExternFuncPattern)
 
 
-def root_ops(pattern: P.DFPattern) -> frozenset[ir.Op] | None:
+ANY_GLOBAL_VAR = "a call of a GlobalVar"
+"""Stands in ``root_ops`` for calls of any GlobalVar (a ``GlobalVarPattern`` callee)."""
+
+
+def root_ops(pattern: P.DFPattern) -> frozenset[ir.Op | str] | None:
     """The operators a binding value must call for ``pattern`` to match it.
 
     Parameters
@@ -23,15 +27,18 @@ def root_ops(pattern: P.DFPattern) -> frozenset[ir.Op] | None:
 
     Returns
     -------
-    ops : Optional[FrozenSet[tvm.ir.Op]]
-        The possible root ops, or None when the root is not restricted to
-        calls of known ops (a wildcard, a tuple, a call of an arbitrary
-        callee), in which case every binding is a candidate.
+    ops : Optional[FrozenSet[Union[tvm.ir.Op, str]]]
+        The possible root ops (``ANY_GLOBAL_VAR`` for a call of any
+        GlobalVar), or None when the root is not restricted to calls of
+        known ops (a wildcard, a tuple, a call of an arbitrary callee), in
+        which case every binding is a candidate.
     """
     if isinstance(pattern, P.CallPattern):
         callee = pattern.op
         if isinstance(callee, P.ExprPattern) and isinstance(callee.expr, ir.Op):
             return frozenset([callee.expr])
+        if isinstance(callee, P.GlobalVarPattern):
+            return frozenset([ANY_GLOBAL_VAR])
         return None
     if isinstance(pattern, P.OrPattern):
         left, right = root_ops(pattern.left), root_ops(pattern.right)

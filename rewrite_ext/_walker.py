@@ -26,6 +26,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from . import _ir
 from ._builder import BuilderMisuse, RewriterBuilder
+from ._patterns import ANY_GLOBAL_VAR
 from . import _wellformed
 from ._wellformed import LocalCheck
 from .errors import RewriteError, remember
@@ -43,10 +44,10 @@ class RuleSet:
         self.rules = list(rules)
         self.any_value = [(i, r) for i, r in enumerate(self.rules) if r.root_ops is None]
         """Rules that may match any value, with their positions."""
-        by_op: dict[int, list[tuple[int, Rule]]] = {}
+        by_op: dict[int | str, list[tuple[int, Rule]]] = {}
         for i, rule in enumerate(self.rules):
             for op in rule.root_ops or ():
-                by_op.setdefault(hash(op), []).append((i, rule))
+                by_op.setdefault(op if op == ANY_GLOBAL_VAR else hash(op), []).append((i, rule))
         # Merged with the any-value rules once per op, so rules keep their order.
         self.by_op = {
             key: sorted(found + self.any_value, key=lambda item: item[0]) for key, found in by_op.items()
@@ -56,7 +57,10 @@ class RuleSet:
     def candidates(self, value: relax.Expr) -> list[tuple[int, Rule]]:
         """The rules that may match ``value``, in order."""
         if type(value) is relax.Call:
-            found = self.by_op.get(hash(value.op))
+            op = value.op
+            found = self.by_op.get(hash(op))
+            if found is None and type(op) is relax.GlobalVar:
+                found = self.by_op.get(ANY_GLOBAL_VAR)
             if found is not None:
                 return found
         return self.any_value
@@ -81,10 +85,12 @@ class RuleSet:
             return True
         by_op = self.by_op
         call = relax.Call
+        global_var = relax.GlobalVar if ANY_GLOBAL_VAR in by_op else None
         for binding in _ir.bindings_of(block):
             value = binding.value
             if type(value) is call:
-                if hash(value.op) in by_op:
+                op = value.op
+                if hash(op) in by_op or type(op) is global_var:
                     return True
             elif nested and _ir.holds_blocks(value):
                 return True
