@@ -273,11 +273,32 @@ def _read_tvmscript(text: str, path: str, name: str | None) -> tuple[str, tvm.IR
     return source.name, parse_tvmscript(source, namespace, path)
 
 
+# tvm.ir.save_json ends its text with the TVM version that wrote it.
+_WRITTEN_BY = re.compile(r'"metadata"\s*:\s*\{\s*"tvm_version"\s*:\s*"([^"]+)"\s*\}\s*\}\s*$')
+
+
+def _load_json(text: str) -> object:
+    """``tvm.ir.load_json``, without its upgrade step for JSON this TVM version wrote.
+
+    ``tvm.ir.load_json`` first rewrites the JSON for older schemas in Python
+    (``json.loads``, a loop over every node, ``json.dumps(indent=2)``): 20 of the 22 s
+    it takes on a 50k-binding module.  JSON written by the running TVM needs none of it.
+    """
+    from . import ops  # noqa: F401 - relax.vm.copy_tensor must be registered to load
+
+    written_by = _WRITTEN_BY.search(text[-512:])
+    if written_by and written_by.group(1) == tvm.__version__:
+        from tvm_ffi.serialization import from_json_graph_str
+
+        return from_json_graph_str(text)
+    return tvm.ir.load_json(text)
+
+
 def _read_json(text: str, path: str, name: str | None) -> tuple[str, tvm.IRModule]:
     if name is not None:
         raise ModuleFileError(f"{path} is JSON, which holds one module: drop --module {name}")
     try:
-        loaded = tvm.ir.load_json(text)
+        loaded = _load_json(text)
     except Exception as exc:  # noqa: BLE001 - a malformed file
         first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
         raise ModuleFileError(f"{path} is not TVM JSON (tvm.ir.save_json output): {first}") from None

@@ -217,6 +217,17 @@ def test_json_in_and_out_by_extension_and_by_format(tmp_path):
     assert_one_error_line(cli("dma", renamed), "seed.txt defines no IRModule")
 
 
+def test_json_written_by_another_tvm_version_goes_through_tvms_upgrade(tmp_path):
+    mod = load_module(str(EXAMPLE))
+    text = tvm.ir.save_json(mod)
+    assert text.rstrip().endswith('"metadata":{"tvm_version":"%s"}}' % tvm.__version__)
+    older = tmp_path / "older.json"
+    older.write_text(text.replace('"tvm_version":"%s"' % tvm.__version__, '"tvm_version":"0.26.0"'))
+    done = cli("dma", older, "--output-format", "json")
+    assert done.returncode == 0, done.stderr
+    tvm.ir.assert_structural_equal(tvm.ir.load_json(done.stdout), copy_to_dma(mod))
+
+
 def test_json_that_is_not_tvm_json_gets_one_line(tmp_path):
     path = tmp_path / "bad.json"
     path.write_text('{"hello": 1}')
