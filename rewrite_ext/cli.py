@@ -37,12 +37,7 @@ class CLIError(Exception):
     """A one-line complaint about the command line's input; exit code 2."""
 
 
-_DESCRIPTION = """\
-rewrite-ext: TVM Relax rewrites from the command line.
-
-commands:
-  dma    turn every R.vm.copy_tensor(src, dst) into a Hexagon DMA copy and its wait
-"""
+_DESCRIPTION = "TVM Relax rewrites from the command line. See rewrite-ext COMMAND --help."
 
 _EXIT_CODES = """\
 exit codes:
@@ -57,7 +52,7 @@ _DMA_DESCRIPTION = """\
 Rewrite every R.vm.copy_tensor(src, dst) of FILE's IRModule into
 vm.builtin.hexagon.dma_copy and its dma_wait, and print the result as TVMScript.
 
-FILE is TVMScript (read as text: nothing in it runs, see docs/hexagon-dma.md)
+FILE is TVMScript (read as text: nothing in it runs, see docs/cli.md)
 or TVM's JSON (tvm.ir.save_json), chosen by the extension (.json) or --format.
 JSON is much faster for large modules: TVM's TVMScript parser needs minutes
 from about 10,000 bindings on.
@@ -118,7 +113,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="rewrite-ext", description=_DESCRIPTION, epilog=_EXIT_CODES, formatter_class=raw
     )
     parser.add_argument("--version", action="store_true", help="print the versions of rewrite_ext and TVM, and exit")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     dma = commands.add_parser(
         "dma",
         help="rewrite R.vm.copy_tensor into Hexagon dma_copy + dma_wait",
@@ -333,8 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.version:
         return _version()
     if args.command is None:
-        parser.print_help(sys.stderr)
-        return EXIT_ERROR
+        parser.error("choose a command: dma (rewrite-ext dma --help tells more)")
     try:
         code = args.handler(args)
         sys.stdout.flush()

@@ -211,12 +211,25 @@ def run_in_subprocess(code: str) -> None:
 
 
 def run_shell(code: str) -> None:
-    for line in code.strip().splitlines():
-        command = line.split("#")[0].split()
-        assert command[0] == "rewrite-ext", line
-        executable = Path(sys.executable).with_name("rewrite-ext")
-        done = subprocess.run([executable, *command[1:]], cwd=ROOT, capture_output=True, text=True, check=False)
-        assert done.returncode == 0 and "# outputs equal: True" in done.stdout, done.stderr
+    """Each `rewrite-ext ...` line, in order, in a copy of examples/, as a user would type it."""
+    import shutil
+    import tempfile
+
+    executable = Path(sys.executable).with_name("rewrite-ext")
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copytree(ROOT / "examples", Path(tmp) / "examples")
+        for line in code.strip().splitlines():
+            command = line.split("#")[0].split()
+            assert command[0] == "rewrite-ext", line
+            done = subprocess.run([executable, *command[1:]], cwd=tmp, capture_output=True, text=True, check=False)
+            assert done.returncode == 0, (line, done.stderr)
+            if "--run" in command:
+                assert "# outputs equal: True" in done.stdout, line
+            if "--diff" in command:
+                assert done.stdout.startswith("--- "), line
+            for option, output in zip(command, command[1:]):
+                if option == "-o":
+                    assert "vm.builtin.hexagon.dma_copy" in (Path(tmp) / output).read_text(), line
 
 
 BLOCKS = [
@@ -239,12 +252,15 @@ BLOCKS = [
     # pipeline.md
     Block("pipeline.md", "class MLP(nn.Module):", "run", lambda: {}, check_pipeline),
     Block("pipeline.md", 'print(lowered["forward"].script())', "run", None, check_lowered),
+    # cli.md
+    Block("cli.md", "-o copy_to_vtcm.dma.json", "shell"),
     # tvm-versions.md: the 0.26/0.27 spelling is what this TVM prints (0.25's is checked by hand)
     Block("tvm-versions.md", "sinfo_args=(R.Tuple,))  # 0.25", "listing", produce=rewritten_example),
 ]
 
 SHELL_RUNNERS = {
     "rewrite-ext dma examples/copy_to_vtcm.py --run": run_shell,
+    "-o copy_to_vtcm.dma.json": run_shell,
     "def test_copy_to_dma_runs_like_the_copies": run_testing_example,
     'settings.load_profile("ci")': run_in_subprocess,
 }
