@@ -45,6 +45,7 @@ __all__ = [
     "ModuleSource",
     "format_of",
     "module_text",
+    "parse_tvmscript",
     "read_module",
     "tvmscript_modules",
     "write_module",
@@ -128,8 +129,16 @@ def tvmscript_modules(text: str, path: str) -> list[ModuleSource]:
     modules : list[ModuleSource]
         Each top-level class whose last decorator is ``ir_module``; if there is none,
         each top-level function decorated ``function`` or ``prim_func``.
+
+    Raises
+    ------
+    ModuleFileError
+        The file is not Python syntax.
     """
-    tree = _parse_python(text, path)
+    return _definitions(_parse_python(text, path), text)
+
+
+def _definitions(tree: ast.Module, text: str) -> list[ModuleSource]:
     lines = text.splitlines(keepends=True)
     classes, functions = [], []
     for node in tree.body:
@@ -252,7 +261,8 @@ def parse_tvmscript(source: ModuleSource, namespace: dict[str, typing.Any], path
 
 
 def _read_tvmscript(text: str, path: str, name: str | None) -> tuple[str, tvm.IRModule]:
-    sources = tvmscript_modules(text, path)
+    tree = _parse_python(text, path)
+    sources = _definitions(tree, text)
     if not sources:
         raise ModuleFileError(
             f"{path} defines no IRModule in TVMScript (expected `@I.ir_module class Module: ...`;"
@@ -269,8 +279,7 @@ def _read_tvmscript(text: str, path: str, name: str | None) -> tuple[str, tvm.IR
         raise ModuleFileError(f"{path} holds {len(sources)} {kind} ({names}): choose one with --module NAME")
     else:
         source = sources[0]
-    namespace = _script_namespace(_parse_python(text, path))
-    return source.name, parse_tvmscript(source, namespace, path)
+    return source.name, parse_tvmscript(source, _script_namespace(tree), path)
 
 
 # tvm.ir.save_json ends its text with the TVM version that wrote it.

@@ -15,10 +15,16 @@ import re
 import sys
 import traceback
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import tvm
 
 from . import _progress
 from ._module_files import FileFormat, ModuleFileError, format_of, module_text, read_module, write_module
 from .errors import RewriteError
+
+if TYPE_CHECKING:
+    from ._cpu_run import Inputs
 
 __all__ = ["EXIT_DIFFERENT", "EXIT_ERROR", "EXIT_OK", "load_module", "main"]
 
@@ -73,7 +79,7 @@ examples:
 )
 
 
-def load_module(path: str, name: str | None = None):
+def load_module(path: str, name: str | None = None) -> tvm.IRModule:
     """The IRModule in a TVMScript or JSON file, read as ``rewrite-ext dma FILE`` reads it.
 
     Parameters
@@ -198,8 +204,8 @@ def _say(text: str) -> None:
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
 
 
-def _prepare_run(original, args: argparse.Namespace):
-    """The inputs of --run, made before the rewrite so a hopeless --run fails fast."""
+def _prepare_run(original: tvm.IRModule, args: argparse.Namespace) -> Inputs:
+    """The inputs of --run, made before the rewrite so that a hopeless --run fails fast."""
     from ._cpu_run import InputError, make_inputs
 
     functions = [gv.name_hint for gv in original.functions]
@@ -207,8 +213,6 @@ def _prepare_run(original, args: argparse.Namespace):
         listed = ", ".join(sorted(functions)) or "none"
         raise CLIError(f"--run runs the function main, which the module does not have (its functions: {listed})")
     main = original["main"]
-    import tvm
-
     if not isinstance(main, tvm.relax.Function):
         raise CLIError("--run runs main, which is not a Relax function")
     try:
@@ -217,7 +221,7 @@ def _prepare_run(original, args: argparse.Namespace):
         raise CLIError(str(exc)) from None
 
 
-def _run_and_compare(original, rewritten, inputs) -> bool:
+def _run_and_compare(original: tvm.IRModule, rewritten: tvm.IRModule, inputs: Inputs) -> bool:
     """Run both modules' main; print the verdict and the DMA stand-in's counters."""
     from ._cpu_run import compare_outputs, run_main
     from .hexagon.cpu_dma import cpu_dma

@@ -327,6 +327,31 @@ def test_run_with_an_object_parameter_says_what_it_can_make(tmp_path):
     assert_one_error_line(cli("dma", path, "--run"), "parameter 'o'", "tensors, shapes, prim values")
 
 
+def test_run_takes_ir_lowered_by_tvms_pipeline_in_a_force_pure_function(tmp_path):
+    """The IR between LowerAllocTensor and KillAfterLastUse (docs/pipeline.md), saved as JSON."""
+    path = module_file(
+        tmp_path,
+        copy_module(
+            """
+            @R.function
+            def main(x: R.Tensor((4, 8), dtype="float32")) -> R.Tensor((4, 8), dtype="float32"):
+                R.func_attr({"relax.force_pure": True})
+                storage: R.Object = R.memory.alloc_storage(R.shape([128]), R.prim_value(0), R.str("global"), R.dtype("uint8"))
+                a: R.Tensor((4, 8), dtype="float32") = R.memory.alloc_tensor(storage, R.prim_value(0), R.shape([4, 8]), R.dtype("float32"))
+                R.vm.copy_tensor(x, a)
+                b: R.Tensor((4, 8), dtype="float32") = R.add(a, a)
+                return b
+            """
+        ),
+    )
+    lowered = tmp_path / "lowered.json"
+    lowered.write_text(tvm.ir.save_json(load_module(str(path))))
+    done = cli("dma", lowered, "--run", "--overlap")
+    assert done.returncode == 0, done.stderr
+    assert '"relax.force_pure": True' in done.stdout and "# outputs equal: True" in done.stdout
+    assert "# DMA overlap: 1 transfer" in done.stdout
+
+
 OVERLAPPING_COPY = copy_module(
     """
     @R.function(pure=False)
