@@ -39,6 +39,8 @@ from pathlib import Path
 
 import tvm
 
+from . import ops  # noqa: F401 - registers relax.vm.copy_tensor, which files may hold
+
 __all__ = [
     "FileFormat",
     "ModuleFileError",
@@ -155,7 +157,7 @@ def _definitions(tree: ast.Module, text: str) -> list[ModuleSource]:
     return classes or functions
 
 
-def _script_namespace(tree: ast.Module) -> dict[str, typing.Any]:
+def _script_namespace(tree: ast.Module, path: str) -> dict[str, typing.Any]:
     """The names TVM's parser evaluates the definitions against; the file's imports rename them."""
     import tvm.script
 
@@ -179,7 +181,7 @@ def _script_namespace(tree: ast.Module) -> dict[str, typing.Any]:
                 if alias.name == "tvm":
                     namespace[alias.asname or "tvm"] = tvm
         elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            value = _declared_value(node.value)
+            value = _declared_value(node.value, path)
             if value is not None:
                 namespace[node.targets[0].id] = value
     # Without builtins, eval() inside the parser cannot reach __import__, open, exec, ...
@@ -187,7 +189,7 @@ def _script_namespace(tree: ast.Module) -> dict[str, typing.Any]:
     return namespace
 
 
-def _declared_value(node: ast.expr) -> object | None:
+def _declared_value(node: ast.expr, path: str) -> object | None:
     """``TypeVar("n")`` and ``tvm.ir.load_json("...")`` with a literal, else None."""
     if not (isinstance(node, ast.Call) and len(node.args) == 1 and not node.keywords):
         return None
@@ -198,7 +200,11 @@ def _declared_value(node: ast.expr) -> object | None:
     if callee in ("TypeVar", "typing.TypeVar"):
         return typing.TypeVar(arg.value)  # type: ignore[misc] - a name only known at run time
     if callee == "tvm.ir.load_json":
-        return tvm.ir.load_json(arg.value)
+        try:
+            return tvm.ir.load_json(arg.value)
+        except Exception as exc:  # noqa: BLE001 - a damaged metadata section
+            first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+            raise ModuleFileError(f"{path}:{node.lineno}: the metadata is not TVM JSON: {first}") from None
     return None
 
 
@@ -239,8 +245,6 @@ def parse_tvmscript(source: ModuleSource, namespace: dict[str, typing.Any], path
     """Parse one definition with TVM's TVMScript parser; a function becomes a one-function module."""
     from tvm.script import from_source
 
-    from . import ops  # noqa: F401 - R.vm.copy_tensor must parse
-
     try:
         parsed = from_source(source.text, extra_vars=dict(namespace))
     except Exception as exc:  # noqa: BLE001 - anything the parser raises is about the input
@@ -279,7 +283,7 @@ def _read_tvmscript(text: str, path: str, name: str | None) -> tuple[str, tvm.IR
         raise ModuleFileError(f"{path} holds {len(sources)} {kind} ({names}): choose one with --module NAME")
     else:
         source = sources[0]
-    return source.name, parse_tvmscript(source, _script_namespace(tree), path)
+    return source.name, parse_tvmscript(source, _script_namespace(tree, path), path)
 
 
 # tvm.ir.save_json ends its text with the TVM version that wrote it.
@@ -293,8 +297,6 @@ def _load_json(text: str) -> object:
     (``json.loads``, a loop over every node, ``json.dumps(indent=2)``): 20 of the 22 s
     it takes on a 50k-binding module.  JSON written by the running TVM needs none of it.
     """
-    from . import ops  # noqa: F401 - relax.vm.copy_tensor must be registered to load
-
     written_by = _WRITTEN_BY.search(text[-512:])
     if written_by and written_by.group(1) == tvm.__version__:
         from tvm_ffi.serialization import from_json_graph_str
