@@ -338,10 +338,13 @@ class _Instantiate:
     def __call__(self, orig: relax.Expr, matchings: Mapping[DFPattern, relax.Expr], builder: relax.BlockBuilder):
         for pattern, written in self.checks:
             matched = matchings[pattern]
+            op = getattr(written.op, "name", None) or str(written.op)
             if not tvm_ffi.structural_equal(matched.attrs, written.attrs):
-                raise Decline(f"{written.op} attributes {matched.attrs} are not the pattern's {written.attrs}")
+                raise Decline(f"{op}: attributes {matched.attrs} differ from the pattern's {written.attrs}")
             if not tvm_ffi.structural_equal(matched.ty_args, written.ty_args, map_free_vars=True):
-                raise Decline(f"{written.op} ty_args {matched.ty_args} are not the pattern's {written.ty_args}")
+                raise Decline(
+                    f"{op}: ty_args {list(matched.ty_args)} differ from the pattern's {list(written.ty_args)}"
+                )
         # Fresh vars at every match: a var is defined once per function, and the replacement's
         # nested scopes (If branches, local functions) are copied whole.
         func = relax.utils.copy_with_new_vars(self.replacement)
