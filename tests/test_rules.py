@@ -478,3 +478,25 @@ def test_cleanup_on_the_passes():
 def test_public_names_are_exported():
     for name in ("Decline", "RewriteReport", "RewriteRules", "Rule", "RuleReport", "apply_rules", "rule_from_module"):
         assert name in rewrite_ext.__all__ and hasattr(rewrite_ext, name)
+
+
+# -- docs/rules.md -----------------------------------------------------------------------------
+
+
+def test_docs_examples_run_and_print_what_the_docs_show(tmp_path, capsys, caplog):
+    import re
+    import runpy
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "rules.md").read_text()
+    script = tmp_path / "rules_md.py"  # TVMScript reads the decorated source back from its file
+    script.write_text("\n".join(re.findall(r"```python\n(.*?)```", text, flags=re.S)))
+    with caplog.at_level(logging.DEBUG, logger="rewrite_ext"):
+        runpy.run_path(str(script))
+    printed = capsys.readouterr().out
+    shown = re.findall(r"```text\n(.*?)```", text, flags=re.S)
+    report_table = next(block for block in shown if block.startswith("rule "))
+    assert report_table.strip() in printed
+    log_lines = next(block for block in shown if block.startswith("rewrite_ext main"))
+    logged = [f"rewrite_ext {r.getMessage()}" for r in caplog.records if r.name == "rewrite_ext"]
+    assert logged[:4] == log_lines.strip().splitlines()
