@@ -7,10 +7,10 @@ impure binding is never removed, since it is there for its effect.
 
 * ``CanonicalizeBindings`` only removes trivial ``y = x`` aliases, whose
   effect is the one of the binding of ``x``.
-* ``EliminateCommonSubexpr`` leaves impure calls alone, but turns the second
-  of two equal *pure* void calls (``R.call_pure_packed(..., ty_args=R.Tuple())``)
-  into an alias of the first, which the next canonicalization removes: such
-  a binding gets its value back.
+* ``EliminateCommonSubexpr`` leaves impure calls alone, but replaces the
+  second of two equal *pure* void calls (``R.call_pure_packed(...,
+  ty_args=R.Tuple())``) by the first's var or by ``R.tuple()``: such a
+  binding gets its value back.
 * Unused bindings are removed only when pure, not void and not a
   ``match_cast`` (TVM's ``remove_all_unused`` also removes unused void bindings).
 """
@@ -62,7 +62,7 @@ def _through_module(transform: tvm.transform.Pass, func: relax.Function) -> rela
 
 
 def _cse_keeping_void(func: relax.Function) -> relax.Function:
-    """CSE, then the value of every void binding it made an alias put back."""
+    """CSE, then the value of every void binding it changed put back."""
     void = {
         b.var: b.value
         for b in _bindings(func)
@@ -71,12 +71,16 @@ def _cse_keeping_void(func: relax.Function) -> relax.Function:
     merged = _through_module(_CSE, func)
     if not void:
         return merged
-    aliased = {
+    # CSE gives a repeated void value as the earlier var, or as R.tuple() (the void value
+    # itself); either way the call, and what it does, would be gone.
+    changed = {
         b.var: void[b.var]
         for b in _bindings(merged)
-        if isinstance(b.value, relax.Var) and b.var in void
+        if b.var in void
+        and not b.value.same_as(void[b.var])
+        and not tvm_ffi.structural_equal(b.value, void[b.var])
     }
-    return _Restore(aliased).visit_expr(merged) if aliased else merged
+    return _Restore(changed).visit_expr(merged) if changed else merged
 
 
 @mutator

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
 import tvm
 from tvm import relax
 from tvm.relax.dpl import is_op, wildcard
@@ -14,6 +15,7 @@ from tvm.script import tirx as T
 import rewrite_ext
 from rewrite_ext import RewriteError, RewriteReport, apply_rules, rewrite_call, rule_from_module
 from rewrite_ext.hexagon import copy_to_dma, cpu_dma
+from rewrite_ext.testing.strategies import lowered_copy_functions
 
 
 @rule_from_module
@@ -417,3 +419,12 @@ def test_pattern_bindings_outside_its_result_and_a_bare_param_are_errors():
 def test_rule_from_module_is_exported():
     assert rewrite_ext.rule_from_module is rule_from_module
     assert "rule_from_module" in rewrite_ext.__all__
+
+
+# -- on random lowered functions ------------------------------------------------------------
+
+
+@settings(max_examples=15)
+@given(mod=lowered_copy_functions(max_copies=8))
+def test_dma_rule_equals_copy_to_dma_on_random_lowered_functions(mod):
+    tvm.ir.assert_structural_equal(apply_rules([CopyToDMA], mod), copy_to_dma(mod))
