@@ -83,8 +83,9 @@ def rule_from_module(mod: tvm.IRModule | None = None, *, name: str | None = None
       annotated type (``wildcard().has_ty(ty)``); a parameter used twice
       must match the same expression twice;
     * each binding becomes the pattern of its value, a ``match_cast``
-      adds its type; calls of ops and of extern functions, tuples and tuple
-      items are matched node by node; constants, ``R.prim_value``,
+      adds its type; calls of ops and of extern functions, extern
+      functions (``"name"`` in ``R.call_pure_packed("name", ...)``), tuples
+      and tuple items are matched node by node; constants, ``R.prim_value``,
       ``R.str``, ``R.dtype`` and ``R.shape`` literals by equality;
     * what the function returns is the pattern's root.  A void pattern,
       one that returns ``R.tuple()`` after a void binding (such as
@@ -291,6 +292,8 @@ class _PatternMaker:
             if expr.attrs is not None or len(expr.ty_args):
                 self.checks.append((found, expr))
             return found
+        if isinstance(expr, relax.ExternFunc):  # R.call_pure_packed("name", ...) holds one
+            return ExternFuncPattern(expr.global_symbol)
         if isinstance(expr, relax.Tuple):
             return is_tuple([self.of(field) for field in expr.fields])
         if isinstance(expr, relax.TupleGetItem):
@@ -299,7 +302,7 @@ class _PatternMaker:
             return is_expr(expr)
         raise _FromModuleError(
             f"rule_from_module: 'pattern' holds a {type(expr).__name__} ({expr}), which a pattern "
-            "cannot match; use calls, tuples, tuple items, constants and literals"
+            "cannot match; use calls, extern functions, tuples, tuple items, constants and literals"
         )
 
 

@@ -298,6 +298,36 @@ def test_call_attributes_must_equal_the_patterns_and_a_mismatch_is_declined_with
     assert all(reason.startswith("relax.permute_dims: attributes") and "(1, 0)" in reason for _, _, reason in declined)
 
 
+def test_ty_args_must_equal_the_patterns():
+    @rule_from_module
+    @I.ir_module
+    class Inline:
+        @R.function
+        def pattern(A: R.Tensor((4,), "float32")):
+            B = R.call_pure_packed("my.double", A, ty_args=R.Tensor((4,), "float32"))
+            return B
+
+        @R.function
+        def replacement(A: R.Tensor((4,), "float32")):
+            B = R.add(A, A)
+            return B
+
+    @R.function
+    def before(x: R.Tensor((4,), "float32")):
+        a = R.call_pure_packed("my.double", x, ty_args=R.Tensor((4,), "float32"))
+        b = R.call_pure_packed("my.double", x, ty_args=R.Tensor((4,), "int32"))
+        return (a, b)
+
+    report = RewriteReport()
+    out = apply_rules([Inline], before, report=report)
+    assert str(bindings(out)[0].value) == "R.add(x, x)"
+    assert "my.double" in str(bindings(out)[1].value)
+    assert {(b, reason.split(":")[0]) for _, b, reason in report.rules["Inline"].declined} == {
+        ("b", "relax.call_pure_packed")
+    }
+    assert all("ty_args" in reason for _, _, reason in report.rules["Inline"].declined)
+
+
 def test_identity_replacement_with_cleanup_leaves_no_trivial_binding():
     @rule_from_module
     @I.ir_module
@@ -322,6 +352,42 @@ def test_identity_replacement_with_cleanup_leaves_no_trivial_binding():
 
     out = rewrite_call(DropReshape.pattern, DropReshape.rewriter, before, cleanup=True)
     assert [str(b.value) for b in bindings(out)] == ["R.exp(x)", "R.add(a, x)"]
+
+
+def test_a_replacement_with_an_if_is_copied_whole_at_every_match():
+    @rule_from_module
+    @I.ir_module
+    class SquareIfPositive:
+        @R.function
+        def pattern(A: R.Tensor((4,), "float32")):
+            B = R.exp(A)
+            return B
+
+        @R.function
+        def replacement(A: R.Tensor((4,), "float32")):
+            s = R.sum(A)
+            c = R.greater(s, R.const(0.0, "float32"))
+            if c:
+                t = R.multiply(A, A)
+                B = t
+            else:
+                B = A
+            return B
+
+    @R.function
+    def twice(x: R.Tensor((4,), "float32")):
+        a = R.exp(x)
+        b = R.exp(a)
+        return b
+
+    out = apply_rules([SquareIfPositive], twice)
+    relax.analysis.well_formed(out)  # the branches' vars are fresh at each match
+    found = bindings(out)
+    assert [type(b.value).__name__ for b in found] == ["Call", "Call", "If", "Call", "Call", "If"]
+    assert [b.var.name for b in found if isinstance(b.value, relax.If)] == ["a", "b"]
+    first_t = found[2].value.true_branch.blocks[0].bindings[0].var
+    second_t = found[5].value.true_branch.blocks[0].bindings[0].var
+    assert not first_t.same_as(second_t)
 
 
 # -- errors when the rule is made --------------------------------------------------------------
