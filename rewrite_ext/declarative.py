@@ -56,10 +56,6 @@ _LITERALS = tuple(
 )
 
 
-class _FromModuleError(ValueError):
-    """Raised by :func:`rule_from_module` for a module that is not a valid rule."""
-
-
 @overload
 def rule_from_module(mod: tvm.IRModule, *, name: str | None = None) -> Rule: ...
 
@@ -152,19 +148,19 @@ def _functions(mod: tvm.IRModule) -> tuple[relax.Function, relax.Function]:
     found: dict[str, Any] = {gvar.name_hint: func for gvar, func in mod.functions_items()}
     for needed in ("pattern", "replacement"):
         if needed not in found:
-            raise _FromModuleError(
+            raise ValueError(
                 f"rule_from_module: the module has no '{needed}' function; it needs a Relax "
                 f"function 'pattern' (what to match) and 'replacement' (what replaces it), "
                 f"found {sorted(found) or 'none'}"
             )
         if not isinstance(found[needed], relax.Function):
-            raise _FromModuleError(
+            raise ValueError(
                 f"rule_from_module: '{needed}' must be a Relax function (@R.function), "
                 f"got {type(found[needed]).__name__}"
             )
     others = sorted(set(found) - {"pattern", "replacement"})
     if others:
-        raise _FromModuleError(
+        raise ValueError(
             f"rule_from_module: the module holds functions other than 'pattern' and "
             f"'replacement' ({', '.join(others)}); a rule cannot add functions to the module it "
             "rewrites, so write their bodies into the replacement"
@@ -175,7 +171,7 @@ def _functions(mod: tvm.IRModule) -> tuple[relax.Function, relax.Function]:
 def _check_signatures(pattern: relax.Function, replacement: relax.Function) -> None:
     p_params, r_params = list(pattern.params), list(replacement.params)
     if len(p_params) != len(r_params):
-        raise _FromModuleError(
+        raise ValueError(
             f"rule_from_module: 'pattern' takes {len(p_params)} parameter(s) and 'replacement' "
             f"{len(r_params)}; give both the same parameters, in the same order"
         )
@@ -187,17 +183,17 @@ def _check_signatures(pattern: relax.Function, replacement: relax.Function) -> N
         return
     for i, (p, r) in enumerate(zip(p_params, r_params)):
         if not tvm_ffi.structural_equal(p.ty, r.ty, map_free_vars=True):
-            raise _FromModuleError(
+            raise ValueError(
                 f"rule_from_module: parameter {i} has type {p.ty} in 'pattern' ('{_ir.var_name(p)}') "
                 f"but {r.ty} in 'replacement' ('{_ir.var_name(r)}'); annotate both alike"
             )
     if not tvm_ffi.structural_equal(pattern.ty.ret, replacement.ty.ret, map_free_vars=True):
-        raise _FromModuleError(
+        raise ValueError(
             f"rule_from_module: 'pattern' returns {pattern.ty.ret} but 'replacement' returns "
             f"{replacement.ty.ret}; the replacement's result takes the matched value's place, so "
             "both must have the same type"
         )
-    raise _FromModuleError(
+    raise ValueError(
         "rule_from_module: the symbolic shape vars of 'pattern' and 'replacement' do not "
         f"correspond: {[str(t) for t in p_types]} vs {[str(t) for t in r_types]}"
     )
@@ -207,11 +203,11 @@ def _check_well_formed(replacement: relax.Function) -> None:
     try:
         ok = relax.analysis.well_formed(replacement)
     except Exception as exc:  # noqa: BLE001 - TVM 0.27 raises; the message is what matters
-        raise _FromModuleError(
+        raise ValueError(
             f"rule_from_module: 'replacement' is not well formed for its parameters: {exc}"
         ) from exc
     if ok is False:  # TVM releases before 0.27 return a bool
-        raise _FromModuleError("rule_from_module: 'replacement' is not well formed for its parameters")
+        raise ValueError("rule_from_module: 'replacement' is not well formed for its parameters")
 
 
 # -- the pattern -----------------------------------------------------------------------------
@@ -244,20 +240,20 @@ class _PatternMaker:
             result = ordered[-1].var  # a void pattern: its last binding is what it matches
         root = self.of(result)
         if any(root.same_as(p) for p in self.params):
-            raise _FromModuleError(
+            raise ValueError(
                 "rule_from_module: 'pattern' returns one of its parameters, which would match "
                 "any value; return the expression to match"
             )
         unmatched = [_ir.var_name(p) for p in self.func.params if p not in self.used]
         if unmatched:
-            raise _FromModuleError(
+            raise ValueError(
                 f"rule_from_module: parameter(s) {', '.join(repr(n) for n in unmatched)} of "
                 "'pattern' are not part of what it returns, so a match gives them no value; "
                 "use them in the pattern or remove them from both functions"
             )
         unused = [_ir.var_name(b.var) for b in ordered if b.var not in self.used]
         if unused:
-            raise _FromModuleError(
+            raise ValueError(
                 f"rule_from_module: binding(s) {', '.join(repr(n) for n in unused)} of 'pattern' "
                 "are not part of what it returns; a pattern is the expression its function "
                 "returns, so use them in it or remove them"
@@ -284,7 +280,7 @@ class _PatternMaker:
             elif isinstance(op, relax.Var):
                 callee = self.of(op)
             else:
-                raise _FromModuleError(
+                raise ValueError(
                     f"rule_from_module: 'pattern' calls {op}, a {type(op).__name__}; a pattern "
                     "may call ops, extern functions and its parameters only"
                 )
@@ -300,7 +296,7 @@ class _PatternMaker:
             return is_tuple_get_item(self.of(expr.tuple_value), expr.index)
         if isinstance(expr, _LITERALS):
             return is_expr(expr)
-        raise _FromModuleError(
+        raise ValueError(
             f"rule_from_module: 'pattern' holds a {type(expr).__name__} ({expr}), which a pattern "
             "cannot match; use calls, extern functions, tuples, tuple items, constants and literals"
         )
