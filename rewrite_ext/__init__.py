@@ -10,6 +10,7 @@ match can become several bindings, void ones included.
 from __future__ import annotations
 
 from . import ops
+from .declarative import rule_from_module
 from .errors import RewriteError
 from .report import RewriteReport, RuleReport
 from .rewrite import RewriteCall, RewriteRules, apply_rules, rewrite_call
@@ -27,4 +28,5 @@ __all__ = [
     "apply_rules",
     "ops",
     "rewrite_call",
+    "rule_from_module",
 ]
