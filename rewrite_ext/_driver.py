@@ -83,8 +83,6 @@ def _rewrite_function(
     current = func
     for count in range(max_iterations + 1):
         result = FunctionPass(rules, name, mod, kept, check, recorder).run(current)
-        if recorder is not None:
-            recorder.passes(name, count + 1)
         if not result.changes:
             break
         if count == max_iterations:
@@ -102,6 +100,8 @@ def _rewrite_function(
             current = _cleanup.cleanup(current)
         else:
             interior.extend(result.interior)
+    if recorder is not None:
+        recorder.passes(name, count + 1)
     if interior:
         current = _ir.drop_unused_bindings(current, interior)
     return current

@@ -145,9 +145,10 @@ class _Block:
 class FunctionPass(PyExprMutator):
     """One rewriting pass of ``rules`` over one function.
 
-    ``kept`` holds ``(rule index, hash(var))`` of each binding a rule kept
+    ``kept`` holds ``(rule index, hash(value))`` of each binding a rule kept
     (returned ``orig`` after emitting): that rule is not offered the binding
-    again, in this pass or a later one.
+    again, in this pass or a later one.  The value, not the var, names the
+    binding: TVM's cleanups may rename the var, never rebuild the value.
     """
 
     def __init__(
@@ -284,7 +285,7 @@ class FunctionPass(PyExprMutator):
         rules: list[tuple[int, Rule]],
         block: _Block,
     ) -> bool:
-        key = hash(binding.var)
+        key = hash(value)
         for index, rule in rules:
             if self.kept and (index, key) in self.kept:
                 continue
@@ -345,7 +346,7 @@ class FunctionPass(PyExprMutator):
         finally:
             self.suspended -= 1
         if keep:
-            self.kept.add((index, hash(binding.var)))
+            self.kept.add((index, hash(value)))
         elif bound:
             self._note_interior(matched, value, bound)
         if recorder is not None:

@@ -70,7 +70,7 @@ class RewriteReport:
         self.rules: dict[str, RuleReport] = {}
         """Each rule's report, by rule name (a repeated name gets ``#2``, ``#3``, ...)."""
         self.passes: dict[str, int] = {}
-        """Passes run per function."""
+        """Passes run per function, added up over every rewrite the report was passed to."""
         self._by_rule: dict[int, RuleReport] = {}
 
     def rule(self, rule: Rule) -> RuleReport:
@@ -141,7 +141,7 @@ class Recorder:
             self.report.rule(rule).offered += 1
 
     def done(self, rule: Rule, function: str, binding: relax.Binding, kept: bool) -> None:
-        name = _ir.var_name(binding.var)
+        name = _label(binding)
         if self.report is not None:
             rule_report = self.report.rule(rule)
             (rule_report.kept if kept else rule_report.rewritten).append((function, name))
@@ -150,7 +150,7 @@ class Recorder:
             logger.debug("%s: binding '%s' %s by rule '%s'", function, name, what, rule.name)
 
     def declined(self, rule: Rule, function: str, binding: relax.Binding, reason: str) -> None:
-        name = _ir.var_name(binding.var)
+        name = _label(binding)
         if self.report is not None:
             self.report.rule(rule).declined.append((function, name, reason))
         if self.log:
@@ -158,4 +158,21 @@ class Recorder:
 
     def passes(self, function: str, count: int) -> None:
         if self.report is not None:
-            self.report.passes[function] = count
+            passes = self.report.passes
+            passes[function] = passes.get(function, 0) + count
+
+
+def _label(binding: relax.Binding) -> str:
+    """The binding's var name; for a void binding (TVMScript names them all ``_``), with its callee."""
+    name = _ir.var_name(binding.var)
+    if not _ir.is_void(binding.var.ty):
+        return name
+    value = binding.value
+    callee = ""
+    if isinstance(value, relax.Call):
+        op = value.op
+        callee = getattr(op, "name", "") or getattr(op, "global_symbol", "") or getattr(op, "name_hint", "")
+        args = _ir.elements(value.args)
+        if args and isinstance(args[0], relax.ExternFunc):
+            callee = f"{callee} {args[0].global_symbol}"
+    return f"{name} ({callee})" if callee else name
