@@ -15,7 +15,8 @@ from tvm import relax
 from tvm.relax.expr_functor import PyExprVisitor, visitor
 
 from _helpers import run_together
-from rewrite_ext.testing import random_inputs, run
+from rewrite_ext.testing import random_inputs as vm_inputs
+from rewrite_ext.testing import run
 from rewrite_ext.testing.opspecs import ELEMENTWISE_OPS, OP_NAMES, OpSpec, dims, is_float
 from rewrite_ext.testing.strategies import lowered_copy_functions, lowered_functions, relax_functions, relax_modules
 
@@ -451,8 +452,9 @@ def ops_in(func_or_mod) -> set[str]:
 def test_relax_functions_generate_every_default_op():
     seen: Counter = Counter()
 
-    @COLLECT
-    @given(relax_functions(max_bindings=30))
+    # 33 ops, a few bindings per function: more examples than the other feature runs.
+    @settings(COLLECT, max_examples=400)
+    @given(relax_functions(max_bindings=30, max_rank=4))  # conv2d reads rank-4 tensors
     def collect(func):
         seen.update(summarize(func).ops)
 
@@ -477,7 +479,7 @@ def test_a_users_op_spec_is_generated_and_a_bad_one_is_named():
     assert "R.nn.relu" in func.script()
     bad = OpSpec("bad", lambda x, choice: relax.op.matmul(x, x), accepts=lambda t: t.ndim == 2 and dims(t)[0] != dims(t)[1])
     with pytest.raises(ValueError, match="OpSpec 'bad' made a call TVM rejects"):
-        find(relax_functions(ops=[bad], dtypes=("float32",), max_rank=2), lambda f: True, settings=FIND)
+        find(relax_functions(ops=[bad], dtypes=("float32",), max_rank=2), lambda f: False, settings=FIND)
 
 
 def test_unknown_ops_are_rejected_with_the_known_names():
@@ -551,7 +553,7 @@ def test_relax_modules_generate_every_feature():
     wanted = {
         "several functions", "GlobalVar call", "PrimFunc", "relax.call_tir", "mixed blocks", "nested If",
         "If", "Function", "CallLocal", "match_cast", "symbolic shape", "unknown shape", "scalar",
-        "PrimType", "ShapeType", "ObjectType", "TupleType", "Prim condition",
+        "PrimType", "ShapeType", "AnyType", "TupleType", "Prim condition",  # R.Object is AnyType on 0.27
         "float32", "float16", "int32", "int8", "relax.matmul", "relax.nn.softmax",
     }  # fmt: skip
     assert wanted <= present(seen), f"never generated: {wanted - present(seen)}"
@@ -581,19 +583,17 @@ def run_kinds():
 
 @pytest.mark.parametrize("kind,strategy", list(run_kinds()), ids=[k for k, _ in run_kinds()])
 def test_every_kind_builds_and_runs_on_the_vm(kind, strategy):
-    @settings(max_examples=6, deadline=None)
+    @settings(max_examples=4, deadline=None)  # each example builds twice: ~1 s
     @given(strategy, st.integers(0, 2**16))
     def builds_and_runs(program, seed):
-        mod = program if isinstance(program, tvm.IRModule) else tvm.IRModule({"main": program})
-        inputs = random_inputs(program, seed)
+        relax.analysis.well_formed(program)
+        inputs = vm_inputs(program, seed)
         outputs = run(program, inputs)
-        body = mod["main"].body.body
         assert len(outputs) >= 1
         assert all(isinstance(o, np.ndarray) for o in outputs), [type(o) for o in outputs]
         # Running twice gives the same results: nothing in the generated IR is nondeterministic.
-        for again, first in zip(run(program, inputs), outputs):
+        for again, first in zip(run(program, inputs), outputs, strict=True):
             np.testing.assert_array_equal(again, first)
-        del body
 
     builds_and_runs()
 
@@ -614,5 +614,7 @@ def test_relax_modules_shrink_to_a_small_module():
     relax_funcs = [f for _, f in minimal.functions_items() if isinstance(f, relax.Function)]
     assert len(relax_funcs) == 1
     bindings = summarize(relax_funcs[0]).bindings
-    assert len(bindings) <= 2, minimal.script()
+    # One tensor parameter, the matmul and at most a few bindings before it; no helper, If,
+    # local function or extra parameter survives.
+    assert len(bindings) <= 4 and len(relax_funcs[0].params) == 1, minimal.script()
     assert len(minimal.script().splitlines()) <= 12, minimal.script()

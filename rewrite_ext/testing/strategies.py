@@ -227,8 +227,8 @@ def _shapes(max_rank: int, max_dim: int) -> st.SearchStrategy[Shape]:
     return st.lists(st.integers(1, max_dim), min_size=1, max_size=max_rank).map(tuple)
 
 
-def _apply_steps() -> st.SearchStrategy[Apply]:
-    return st.builds(Apply, _CHOICE, _REF, _REF, _CHOICE)
+def _apply_steps(n_ops: int) -> st.SearchStrategy[Apply]:
+    return st.builds(Apply, st.integers(0, n_ops - 1), _REF, _REF, _CHOICE)
 
 
 @dataclass(frozen=True)
@@ -252,11 +252,12 @@ class _Features:
     mixed_blocks: bool = False
     nested_if: bool = False
     calls: bool = False
+    n_ops: int = 1
 
 
 def _steps(features: _Features, allow_nested: bool) -> st.SearchStrategy[_Step]:
     # Apply first: hypothesis shrinks one_of towards its first branch.
-    options = [_apply_steps()]
+    options = [_apply_steps(features.n_ops)]
     if features.tuples:
         options += [
             st.builds(MakeTuple, st.lists(_REF, min_size=1, max_size=3).map(tuple)),
@@ -300,7 +301,7 @@ def _program_specs(features: _Features, *, entry: bool) -> st.SearchStrategy[_Pr
     flag = st.booleans()
     segments = st.integers(1, 3 if f.mixed_blocks else 1)
     dataflow = segments.flatmap(lambda n: st.tuples(*[flag if f.dataflow else st.just(False)] * n))
-    body = st.lists(_apply_steps(), max_size=f.max_branch_bindings).map(tuple)
+    body = st.lists(_apply_steps(f.n_ops), max_size=f.max_branch_bindings).map(tuple)
     nested = f.nested and entry
     local = st.none()
     if nested:
@@ -872,7 +873,7 @@ def relax_functions(
     features = _Features(
         max_params, min_bindings, max_bindings, _check_dtypes(dtypes), max_rank, max_dim,
         max_branch_bindings, max_outputs, allow_dataflow, allow_if, allow_nested, allow_tuples,
-        allow_symbolic, allow_other_params, allow_mixed_blocks, allow_nested_if,
+        allow_symbolic, allow_other_params, allow_mixed_blocks, allow_nested_if, n_ops=len(resolved),
     )  # fmt: skip
     specs = st.tuples(_shapes(max_rank, max_dim), _program_specs(features, entry=True))
     return specs.map(lambda s: _build_function(s[1], s[0], resolved))
@@ -938,6 +939,7 @@ max_branch_bindings, max_outputs, allow_* : see :func:`relax_functions`
         max_params, min_bindings, max_bindings, _check_dtypes(dtypes), max_rank, max_dim,
         max_branch_bindings, max_outputs, allow_dataflow, allow_if, allow_nested, allow_tuples,
         allow_symbolic, allow_other_params, allow_mixed_blocks, allow_nested_if, calls=max_functions > 1,
+        n_ops=len(resolved),
     )  # fmt: skip
     helper = _program_specs(features, entry=False)
     specs = st.builds(
