@@ -3,7 +3,13 @@ is reported readably, results are compared on the VM (NaN-aware, tuples, DMA und
 
 from __future__ import annotations
 
+import doctest
 import itertools
+import re
+import runpy
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -223,3 +229,54 @@ def test_running_a_module_without_main_names_the_fix():
     mod = tvm.IRModule({"f": func})
     with pytest.raises(ValueError, match="no function 'main'"):
         run(mod)
+
+
+# ---------------------------------------------------------------------------
+# The examples of docs/testing.md and of the strategies' docstrings run
+# ---------------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def python_blocks(markdown: str) -> list[str]:
+    """The ```python blocks that start a line (indented ones belong to a list item)."""
+    return re.findall(r"(?m)^```python\n(.*?)^```", markdown, flags=re.S)
+
+
+def test_every_python_block_of_the_testing_guide_runs(tmp_path):
+    blocks = python_blocks((ROOT / "docs" / "testing.md").read_text())
+    assert len(blocks) == 5
+    ran: list[str] = []
+    for index, block in enumerate(blocks):
+        # A file of its own: TVMScript reads a decorated function's source back from it.
+        path = tmp_path / f"testing_md_{index}.py"
+        path.write_text(block)
+        if "load_profile" in block:
+            # The conftest.py for a reader's project: run apart, so this session's profile stays.
+            done = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, check=False)
+            assert done.returncode == 0, done.stderr
+            continue
+        namespace = runpy.run_path(str(path))
+        for name, test in namespace.items():
+            if name.startswith("test_") and callable(test):
+                test()  # with the block's own @settings
+                ran.append(name)
+    assert sorted(ran) == [
+        "test_copy_to_dma_runs_like_the_copies",
+        "test_split_columns_at_chosen_sizes",
+        "test_split_columns_computes_what_matmul_computes",
+        "test_subtract_to_add",
+        "test_swapped_halves_are_caught",
+    ]
+
+
+def test_the_strategies_docstring_examples_run():
+    from rewrite_ext.testing import strategies
+
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    examples = [t for t in doctest.DocTestFinder().find(strategies) if t.examples]
+    assert {t.name.rsplit(".", 1)[-1] for t in examples} == {"relax_functions", "lowered_copy_functions"}
+    for test in examples:
+        runner.run(test)
+    result = runner.summarize(verbose=False)
+    assert result.failed == 0 and result.attempted >= 10

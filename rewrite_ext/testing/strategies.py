@@ -1285,11 +1285,15 @@ def lowered_copy_functions(
 
     Examples
     --------
-    >>> from hypothesis import given
+    >>> from hypothesis import given, settings
+    >>> from tvm import relax
+    >>> from rewrite_ext.hexagon import copy_to_dma
     >>> from rewrite_ext.testing.strategies import lowered_copy_functions
-    >>> @given(lowered_copy_functions(max_copies=5))
-    ... def test_my_copy_rewrite_runs(mod):
-    ...     relax.build(my_copy_rewrite(mod), target="llvm")
+    >>> @settings(max_examples=3, deadline=None)
+    ... @given(lowered_copy_functions(max_copies=5))
+    ... def test_my_copy_rewrite_builds(mod):
+    ...     relax.build(copy_to_dma(mod), target="llvm")
+    >>> test_my_copy_rewrite_builds()
     """
     if not 1 <= min_copies <= max_copies:
         raise ValueError("need 1 <= min_copies <= max_copies")
