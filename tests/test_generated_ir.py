@@ -208,7 +208,10 @@ def test_copy_to_dma_leaves_tvm_lowered_modules_without_copies_unchanged(mod):
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=CORE_REBUILD)
+# Today: AttributeError: module 'tvm.relax' has no attribute 'PrimType' (rewrite_ext/_ir.py,
+# _plain_type), for any function with an R.Prim or R.Object parameter; raises= keeps any other
+# failure of this property visible.
+@pytest.mark.xfail(strict=True, reason=CORE_REBUILD, raises=AttributeError)
 @settings(max_examples=4 * PROFILE_EXAMPLES, phases=[Phase.generate])  # no shrinking of a known failure
 @given(relax_modules(max_bindings=12), st.data())
 def test_identities_on_modules_with_prim_shape_object_and_tuple_parameters(mod, data):

@@ -25,6 +25,7 @@ which shrinks towards 0.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import operator
 from collections.abc import Callable, Sequence
@@ -49,9 +50,6 @@ __all__ = [
     "resolve_ops",
     "same_dim",
 ]
-
-Dim = "int | tvm.ir.PrimExpr"
-
 
 def dims(ty: relax.TensorType) -> tuple:
     """The shape of a tensor type: ints where static, ``PrimExpr`` where symbolic."""
@@ -182,8 +180,6 @@ def _reshape(x: relax.Expr, choice: int) -> relax.Expr:
 
 
 def _permute(x: relax.Expr, choice: int) -> relax.Expr:
-    import itertools
-
     perms = list(itertools.permutations(range(x.ty.ndim)))
     # A non-identity permutation first, so a shrunk choice (0) still transposes.
     perms = perms[1:] + perms[:1]

@@ -46,7 +46,7 @@ from tvm.relax import op as rop
 from tvm.relax.op import memory as _memory
 from tvm.relax.op import vm as _vm
 
-from .opspecs import DEFAULT_OPS, OpSpec, dims, resolve_ops
+from .opspecs import DEFAULT_OPS, OpSpec, dims, resolve_ops, same_dim
 
 __all__ = ["lowered_copy_functions", "lowered_functions", "relax_functions", "relax_modules"]
 
@@ -437,19 +437,13 @@ def _binds(param: relax.Type, arg: relax.Type, symbols: dict) -> bool:
         if isinstance(p, tvm.tirx.Var):
             key = p
             if key in symbols:
-                if not _same_dim(symbols[key], a):
+                if not same_dim(symbols[key], a):
                     return False
             else:
                 symbols[key] = a
-        elif not _same_dim(p, a):
+        elif not same_dim(p, a):
             return False
     return True
-
-
-def _same_dim(a, b) -> bool:
-    from .opspecs import same_dim
-
-    return same_dim(a, b)
 
 
 class _Planner:
