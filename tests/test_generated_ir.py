@@ -9,8 +9,10 @@ into PrimFuncs (``relax_modules``), TVM's own VM-level lowering of them
 1. Semantics-preserving rewriters (an identity each: ``x - y -> x + (-y)``, ``-x -> 0 - x``, a
    matmul split into column halves, softmax spelled out) pass ``check_rewrite``: structurally,
    and, built and run on the VM, the output computes what the input computes.
-2. ``CopyToDMA`` passes ``check_pass`` on lowered modules: under ``cpu_dma()`` the rewritten
-   module computes what the copies computed; TVM-lowered modules (no copies) come back unchanged.
+2. ``CopyToDMA`` passes ``check_pass`` on lowered modules (``lowered_copy_functions``, and
+   TVM-lowered ones with PrimFunc outputs staged through copies): under ``cpu_dma()`` the
+   rewritten module computes what the copies computed; TVM-lowered modules without copies come
+   back unchanged.
 3. What the current core cannot take yet (``R.Prim`` and ``R.Object`` parameters), as strict
    xfails that flip when the core rebuild (issue 16) lands.
 
@@ -192,6 +194,19 @@ def test_copy_to_dma_passes_check_pass_under_cpu_dma(mod, seed):
     assert report.changed and report.ran
     kinds = binding_kinds(report.output["main"])
     assert [kinds["vm.copy_tensor"], kinds[DMA_COPY], kinds[DMA_WAIT]] == [0, copies, copies]
+
+
+@VM_EXAMPLES
+@given(lowered_functions(copies=True, max_bindings=10, allow_other_params=False), st.integers(0, 2**16))
+def test_copy_to_dma_on_tvm_lowered_modules_with_staged_copies(mod, seed):
+    # TVM's own VM-level code (kill_object, PrimFunc calls writing into alloc_tensor, force_pure
+    # functions), each PrimFunc output staged through a copy.
+    copies = sum(binding_kinds(f)["vm.copy_tensor"] for _, f in mod.functions_items() if isinstance(f, relax.Function))
+    event(f"copies: {min(copies, 3)}{'+' if copies >= 3 else ''}")
+    report = check_pass(CopyToDMA(), mod, seed=seed)
+    assert report.changed == (copies > 0) and report.ran == (copies > 0)
+    kinds = binding_kinds(report.output["main"])
+    assert kinds["vm.copy_tensor"] == 0 and kinds[DMA_COPY] == kinds[DMA_WAIT] == binding_kinds(mod["main"])["vm.copy_tensor"]
 
 
 @MORE_EXAMPLES

@@ -579,6 +579,7 @@ def run_kinds():
     yield "relax_modules", relax_modules(max_bindings=10, legalize=False)
     yield "relax_modules, legalized", relax_modules(max_bindings=10, legalize=True)
     yield "lowered_functions", lowered_functions(max_bindings=10)
+    yield "lowered_functions, copies", lowered_functions(copies=True, max_bindings=10)
 
 
 @pytest.mark.parametrize("kind,strategy", list(run_kinds()), ids=[k for k, _ in run_kinds()])
@@ -606,6 +607,20 @@ def test_lowered_functions_hold_vm_level_code(mod):
     ops = present(summarize(main).ops)
     assert not {"relax.call_tir", "relax.builtin.alloc_tensor"} & ops, ops
     assert str(main.attrs["relax.force_pure"]) in ("1", "True")
+
+
+@settings(max_examples=15)
+@given(lowered_functions(copies=True, max_bindings=8))
+def test_lowered_functions_with_copies_stage_every_static_primfunc_output(mod):
+    relax.analysis.well_formed(mod)
+    main = summarize(mod["main"])
+    calls = [b.value for b in main.bindings if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.GlobalVar)
+             and isinstance(mod[b.value.op], tvm.tirx.PrimFunc)]  # fmt: skip
+    copies = [b.value for b in main.bindings if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)
+              and b.value.op.name == "relax.vm.copy_tensor"]  # fmt: skip
+    staged = [c for c in calls if str(c.args[-1].name).endswith("_staged")]
+    assert len(copies) == len(staged)
+    assert [str(c.args[0].name) for c in copies] == [str(c.args[-1].name) for c in staged]
 
 
 def test_relax_modules_shrink_to_a_small_module():

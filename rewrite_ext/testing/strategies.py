@@ -972,7 +972,61 @@ def _relax_functions(mod: tvm.IRModule) -> list[relax.Function]:
     return [f for _, f in mod.functions_items() if isinstance(f, relax.Function)]
 
 
-def lowered_functions(**kwargs) -> st.SearchStrategy[tvm.IRModule]:
+def _staged(func: relax.Function, scratch: relax.BlockBuilder, primfuncs: set) -> relax.Function:
+    """``func`` with each PrimFunc call writing a fresh tensor that is then copied to its output.
+
+    ``cls.f(args..., out)`` with ``out`` a static-shaped ``R.vm.alloc_tensor`` becomes
+    ``staged = R.vm.alloc_tensor(<a storage of its own>, ...)``, ``cls.f(args..., staged)``,
+    ``R.vm.copy_tensor(staged, out)``: the same results, and copies in TVM's own lowered code.
+    """
+    allocated: set = set()
+    blocks = []
+    for block in func.body.blocks:
+        bindings: list[relax.Binding] = []
+        for binding in block.bindings:
+            value = binding.value
+            calls = isinstance(binding, relax.VarBinding) and isinstance(value, relax.Call)
+            if calls and isinstance(value.op, tvm.ir.Op) and value.op.name == "relax.vm.alloc_tensor":
+                allocated.add(binding.var)
+            # A PrimFunc call's last argument is an output (CallTIRRewrite appends them); a Relax
+            # function's arguments are inputs.
+            writes = calls and isinstance(value.op, tvm.ir.GlobalVar) and value.op.name_hint in primfuncs
+            out = value.args[-1] if writes and value.args else None
+            ty = getattr(out, "ty", None)
+            static = isinstance(ty, relax.TensorType) and ty.shape is not None and all(isinstance(d, int) for d in dims(ty))
+            if out is None or out not in allocated or not static:
+                bindings.append(binding)
+                continue
+            shape, dtype = [int(d) for d in dims(ty)], str(ty.dtype.dtype)
+            nbytes = max(math.prod(shape) * _itemsize(dtype), 1)
+            name = str(out.name)
+
+            def bind(var_name: str, expr: relax.Expr) -> relax.Var:
+                expr = scratch.normalize(expr)
+                var = relax.Var(var_name, expr.ty)
+                bindings.append(relax.VarBinding(var, expr))
+                return var
+
+            storage = bind(f"{name}_stage", _vm.alloc_storage(relax.ShapeExpr([nbytes]), 0, "uint8", "global"))
+            staged = bind(f"{name}_staged", _vm.alloc_tensor(storage, 0, relax.ShapeExpr(shape), dtype))
+            call = scratch.normalize(relax.Call(value.op, [*value.args[:-1], staged], value.attrs, value.ty_args))
+            bindings.append(relax.VarBinding(binding.var, call))
+            bind("_", _copy_tensor()(staged, out))
+        blocks.append(relax.BindingBlock(bindings))
+    body = scratch.normalize(relax.SeqExpr(blocks, func.body.body))
+    return relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs)
+
+
+def _with_copies(mod: tvm.IRModule) -> tvm.IRModule:
+    scratch = relax.BlockBuilder()
+    primfuncs = {gv.name_hint for gv, func in mod.functions_items() if isinstance(func, tvm.tirx.PrimFunc)}
+    functions = {}
+    for gv, func in mod.functions_items():
+        functions[gv] = _staged(func, scratch, primfuncs) if isinstance(func, relax.Function) else func
+    return tvm.IRModule(functions, attrs=mod.attrs)
+
+
+def lowered_functions(*, copies: bool = False, **kwargs) -> st.SearchStrategy[tvm.IRModule]:
     """Modules of :func:`relax_modules` lowered by TVM's build pipeline to VM-level code.
 
     The passes of ``relax.build``'s default pipeline up to
@@ -987,8 +1041,15 @@ def lowered_functions(**kwargs) -> st.SearchStrategy[tvm.IRModule]:
     VM like the modules they come from.  For memory-planned functions built
     around ``R.vm.copy_tensor``, see :func:`lowered_copy_functions`.
 
+    With ``copies``, each PrimFunc call writing a static-shaped tensor writes
+    a fresh one instead (in a storage of its own), which
+    ``R.vm.copy_tensor(staged, out)`` then copies to the original output: the
+    same results, with the copies a DMA rewrite looks for.
+
     Parameters
     ----------
+    copies : bool
+        Stage PrimFunc outputs through ``R.vm.copy_tensor``.
     **kwargs
         Passed to :func:`relax_modules` (``legalize`` is ignored: lowering
         legalizes).
@@ -998,7 +1059,8 @@ def lowered_functions(**kwargs) -> st.SearchStrategy[tvm.IRModule]:
     SearchStrategy[tvm.IRModule]
     """
     kwargs["legalize"] = False
-    return relax_modules(**kwargs).map(_lower)
+    lowered = relax_modules(**kwargs).map(_lower)
+    return lowered.map(_with_copies) if copies else lowered
 
 
 # Lowered, impure functions: storages, tensors in them, copies, compute
