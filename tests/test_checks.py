@@ -172,6 +172,20 @@ def test_inputs_cover_symbolic_shapes_match_cast_and_every_parameter_kind():
     np.testing.assert_allclose(out, x + y + t[0], rtol=1e-6)
 
 
+@R.function
+def symbolic_wrong(x: R.Tensor(("n", 4), "float32"), y: R.Tensor(dtype="float32", ndim=2), p: R.Prim("int64"),
+                   s: R.Shape(ndim=2), o: R.Object, t: R.Tuple(R.Tensor((4,), "float32"), R.Tensor((4,), "float32"))):  # fmt: skip
+    n = T.int64()
+    y1 = R.match_cast(y, R.Tensor((n, 4), "float32"))
+    z = R.add(x, y1)
+    return R.add(z, t[1])
+
+
+def test_a_difference_names_the_symbolic_sizes_of_its_inputs():
+    with pytest.raises(ResultMismatch, match=r"inputs \(random_inputs, seed 0, n=5\):"):
+        assert_same_results(symbolic, symbolic_wrong, sizes={"n": 5})
+
+
 def test_a_nondeterministic_rewriter_fails_with_a_diff():
     ops = itertools.cycle([relax.op.subtract, relax.op.multiply])
 

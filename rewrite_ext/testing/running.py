@@ -378,6 +378,18 @@ def _first_difference(before: Any, after: Any, rtol: float | None, atol: float |
     )
 
 
+def _sizes_of(params: Sequence[relax.Var], inputs: Sequence[Any]) -> dict[str, int]:
+    """The sizes the inputs give the symbolic dims of the parameters' shapes."""
+    sizes: dict[str, int] = {}
+    for param, value in zip(params, inputs):
+        ty = param.ty
+        if isinstance(ty, relax.TensorType) and ty.shape is not None and isinstance(value, np.ndarray):
+            for dim, size in zip(ty.shape.values, value.shape):
+                if isinstance(dim, tvm.tirx.Var):
+                    sizes.setdefault(str(dim.name), int(size))
+    return sizes
+
+
 def assert_same_results(
     before: relax.Function | tvm.IRModule,
     after: relax.Function | tvm.IRModule,
@@ -438,8 +450,11 @@ def assert_same_results(
                 problem = f"output {index} differs {difference}"
                 break
     if problem is not None:
-        names = [str(p.name) for p in _main(_as_module(before)).params]
-        shown = "\n".join(f"  {name}: {_describe(value)}" for name, value in zip(names, inputs))
+        params = _main(_as_module(before)).params
+        shown = "\n".join(f"  {p.name}: {_describe(value)}" for p, value in zip(params, inputs))
         origin = "given" if given else f"random_inputs, seed {seed}"
+        sizes_seen = _sizes_of(params, inputs)
+        if sizes_seen:
+            origin += ", " + ", ".join(f"{name}={size}" for name, size in sizes_seen.items())
         raise ResultMismatch(f"assert_same_results: {problem}\ninputs ({origin}):\n{shown}")
     return Comparison(inputs, got_before, got_after)
