@@ -15,7 +15,10 @@ from tvm import relax
 from tvm.relax.expr_functor import PyExprVisitor, visitor
 
 from _helpers import run_together
-from rewrite_ext.testing.strategies import lowered_copy_functions, relax_functions
+from rewrite_ext.testing import random_inputs as vm_inputs
+from rewrite_ext.testing import run
+from rewrite_ext.testing.opspecs import ELEMENTWISE_OPS, OP_NAMES, OpSpec, dims, is_float
+from rewrite_ext.testing.strategies import lowered_copy_functions, lowered_functions, relax_functions, relax_modules
 
 # Feature runs and find() only need generation (+ shrinking); hypothesis' explain phase
 # replays each shrunk example many times, which dominates the cost of a find().
@@ -94,10 +97,15 @@ def test_relax_functions_are_well_formed_pure_and_named_main(func):
     relax.analysis.well_formed(func)
     assert func.is_pure
     assert str(func.attrs["global_symbol"]) == "main"
-    assert 1 <= len([p for p in func.params if shape_of(p) != ()]) <= 4
-    for param in func.params:
+    tensors = [p for p in func.params if str(p.name).startswith("x")]
+    assert 1 <= len(tensors) <= 4
+    for param in tensors:
         shape = shape_of(param)
-        assert shape == () and dtype_of(param) == "bool" or (1 <= len(shape) <= 3 and all(1 <= d <= 8 for d in shape))
+        assert 1 <= len(shape) <= 3 and all(1 <= d <= 8 for d in shape)
+    for param in func.params:
+        # The others: the If condition, and weights of matmul / conv2d, read by those ops.
+        name = str(param.name)
+        assert name.startswith("x") or (name == "cond" and shape_of(param) == ()) or name.startswith("w"), name
 
 
 @settings(max_examples=25)
@@ -137,9 +145,10 @@ def test_relax_functions_build_after_lambda_lift(func):
 )
 def test_relax_functions_respect_their_bounds(func):
     summary = summarize(func)
-    assert 1 <= len(func.params) <= 2
+    tensors = [p for p in func.params if not str(p.name).startswith("w")]  # w*: matmul weights
+    assert 1 <= len(tensors) <= 2
     assert 3 <= len(summary.bindings) <= 6
-    assert all(dtype_of(p) == "int32" and len(shape_of(p)) <= 2 and max(shape_of(p)) <= 3 for p in func.params)
+    assert all(dtype_of(p) == "int32" and len(shape_of(p)) <= 2 and max(shape_of(p)) <= 3 for p in tensors)
     assert all(not isinstance(block, relax.DataflowBlock) for block in func.body.blocks)
     assert not {"If", "Function", "Tuple", "TupleGetItem"} & set(summary.kinds)
 
@@ -424,3 +433,203 @@ def test_lowered_copy_functions_shrink_to_a_small_module():
     assert len(func.params) == 1
     assert summary.ops["relax.vm.alloc_storage"] == 1
     assert not {op for op in summary.ops if op.removeprefix("relax.") in NUMPY_OPS}, minimal.script()
+
+
+# ---------------------------------------------------------------------------
+# ops=: which ops, and your own
+# ---------------------------------------------------------------------------
+
+
+def ops_in(func_or_mod) -> set[str]:
+    funcs = func_or_mod.functions_items() if isinstance(func_or_mod, tvm.IRModule) else [(None, func_or_mod)]
+    found: set[str] = set()
+    for _, f in funcs:
+        if isinstance(f, relax.Function):
+            found |= present(summarize(f).ops)
+    return found
+
+
+def test_relax_functions_generate_every_default_op():
+    seen: Counter = Counter()
+
+    # 33 ops, a few bindings per function: more examples than the other feature runs.
+    @settings(COLLECT, max_examples=400)
+    @given(relax_functions(max_bindings=30, max_rank=4))  # conv2d reads rank-4 tensors
+    def collect(func):
+        seen.update(summarize(func).ops)
+
+    collect()
+    wanted = {f"relax.{name}" for name in OP_NAMES} - {"relax.softmax", "relax.conv2d"}
+    wanted |= {"relax.nn.softmax", "relax.nn.conv2d"}
+    assert wanted <= present(seen), f"never generated: {wanted - present(seen)}"
+
+
+@settings(max_examples=30)
+@given(relax_functions(ops=["matmul", "sum"], max_bindings=8, allow_if=False, allow_nested=False, allow_tuples=False))
+def test_ops_choose_the_ops(func):
+    assert ops_in(func) <= {"relax.matmul", "relax.sum"}
+    assert ops_in(func)  # every step found one of them to apply
+
+
+RELU = OpSpec("relu", lambda x, choice: relax.op.nn.relu(x), accepts=is_float)
+
+
+def test_a_users_op_spec_is_generated_and_a_bad_one_is_named():
+    func = find(relax_functions(ops=[RELU, "add"], dtypes=("float32",)), lambda f: "relax.nn.relu" in ops_in(f), settings=FIND)
+    assert "R.nn.relu" in func.script()
+    bad = OpSpec("bad", lambda x, choice: relax.op.matmul(x, x), accepts=lambda t: t.ndim == 2 and dims(t)[0] != dims(t)[1])
+    with pytest.raises(ValueError, match="OpSpec 'bad' made a call TVM rejects"):
+        find(relax_functions(ops=[bad], dtypes=("float32",), max_rank=2), lambda f: False, settings=FIND)
+
+
+def test_unknown_ops_are_rejected_with_the_known_names():
+    with pytest.raises(ValueError, match="unknown op 'matmull': use one of exp, negative"):
+        relax_functions(ops=["matmull"])
+    with pytest.raises(ValueError, match="at least one op"):
+        relax_modules(ops=[])
+
+
+def test_elementwise_ops_are_what_relax_functions_generated_before():
+    seen: Counter = Counter()
+
+    @COLLECT
+    @given(relax_functions(ops=ELEMENTWISE_OPS))
+    def collect(func):
+        seen.update(summarize(func).ops)
+
+    collect()
+    assert present(seen) <= {f"relax.{name}" for name in ELEMENTWISE_OPS}
+
+
+# ---------------------------------------------------------------------------
+# relax_modules: every feature, well formed, and running on the VM
+# ---------------------------------------------------------------------------
+
+
+def module_features(mod: tvm.IRModule) -> Counter:
+    seen: Counter = Counter()
+    relax_funcs = {str(gv.name_hint): f for gv, f in mod.functions_items() if isinstance(f, relax.Function)}
+    seen["several functions"] += len(relax_funcs) > 1
+    seen["PrimFunc"] += any(isinstance(f, tvm.tirx.PrimFunc) for _, f in mod.functions_items())
+    for name, func in relax_funcs.items():
+        summary = summarize(func)
+        seen.update(summary.kinds)
+        seen.update(summary.ops)
+        kinds = {type(b).__name__ for b in func.body.blocks}
+        seen["mixed blocks"] += kinds == {"DataflowBlock", "BindingBlock"}
+        seen["GlobalVar call"] += any(
+            isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.GlobalVar)
+            and isinstance(mod[b.value.op], relax.Function) for b in summary.bindings
+        )  # fmt: skip
+        seen["nested If"] += any(
+            isinstance(b.value, relax.If) and any(isinstance(i.value, relax.If) for i in summarize(b.value.true_branch).bindings)
+            for b in summary.bindings
+        )  # fmt: skip
+        for param in func.params:
+            ty = param.ty
+            if isinstance(ty, relax.TensorType):
+                seen[str(ty.dtype.dtype)] += 1
+                seen["symbolic shape"] += ty.shape is not None and any(
+                    isinstance(d, tvm.tirx.Var) for d in ty.shape.values
+                )
+                seen["unknown shape"] += ty.shape is None
+                seen["scalar"] += ty.shape is not None and len(ty.shape.values) == 0 and str(param.name) != "cond"
+            else:
+                seen[type(ty).__name__] += 1
+            seen["Prim condition"] += str(param.name) == "cond" and isinstance(ty, tvm.ir.PrimType)
+        seen["match_cast"] += any(isinstance(b, relax.MatchCast) for blk in func.body.blocks for b in blk.bindings)
+    return seen
+
+
+def test_relax_modules_generate_every_feature():
+    seen: Counter = Counter()
+
+    @COLLECT
+    @given(relax_modules())
+    def collect(mod):
+        seen.update(module_features(mod))
+
+    collect()
+    wanted = {
+        "several functions", "GlobalVar call", "PrimFunc", "relax.call_tir", "mixed blocks", "nested If",
+        "If", "Function", "CallLocal", "match_cast", "symbolic shape", "unknown shape", "scalar",
+        "PrimType", "ShapeType", "AnyType", "TupleType", "Prim condition",  # R.Object is AnyType on 0.27
+        "float32", "float16", "int32", "int8", "relax.matmul", "relax.nn.softmax",
+    }  # fmt: skip
+    assert wanted <= present(seen), f"never generated: {wanted - present(seen)}"
+
+
+@settings(max_examples=40)
+@given(relax_modules())
+def test_relax_modules_are_well_formed_with_a_main_and_private_helpers(mod):
+    relax.analysis.well_formed(mod)
+    relax_funcs = {str(gv.name_hint): f for gv, f in mod.functions_items() if isinstance(f, relax.Function)}
+    assert str(relax_funcs["main"].attrs["global_symbol"]) == "main"
+    assert set(relax_funcs) <= {"main", "f1", "f2"}
+    for name, func in relax_funcs.items():
+        assert func.is_pure
+        if name != "main":
+            assert func.attrs is None or "global_symbol" not in func.attrs
+
+
+def run_kinds():
+    yield "relax_functions, every option", relax_functions(
+        max_bindings=12, allow_symbolic=True, allow_other_params=True, allow_mixed_blocks=True, allow_nested_if=True
+    )
+    yield "relax_modules", relax_modules(max_bindings=10, legalize=False)
+    yield "relax_modules, legalized", relax_modules(max_bindings=10, legalize=True)
+    yield "lowered_functions", lowered_functions(max_bindings=10)
+    yield "lowered_functions, copies", lowered_functions(copies=True, max_bindings=10)
+
+
+@pytest.mark.parametrize("kind,strategy", list(run_kinds()), ids=[k for k, _ in run_kinds()])
+def test_every_kind_builds_and_runs_on_the_vm(kind, strategy):
+    @settings(max_examples=4, deadline=None)  # each example builds twice: ~1 s
+    @given(strategy, st.integers(0, 2**16))
+    def builds_and_runs(program, seed):
+        relax.analysis.well_formed(program)
+        inputs = vm_inputs(program, seed)
+        outputs = run(program, inputs)
+        assert len(outputs) >= 1
+        assert all(isinstance(o, np.ndarray) for o in outputs), [type(o) for o in outputs]
+        # Running twice gives the same results: nothing in the generated IR is nondeterministic.
+        for again, first in zip(run(program, inputs), outputs, strict=True):
+            np.testing.assert_array_equal(again, first)
+
+    builds_and_runs()
+
+
+@settings(max_examples=15)
+@given(lowered_functions(max_bindings=8))
+def test_lowered_functions_hold_vm_level_code(mod):
+    relax.analysis.well_formed(mod)
+    main = mod["main"]
+    ops = present(summarize(main).ops)
+    assert not {"relax.call_tir", "relax.builtin.alloc_tensor"} & ops, ops
+    assert str(main.attrs["relax.force_pure"]) in ("1", "True")
+
+
+@settings(max_examples=15)
+@given(lowered_functions(copies=True, max_bindings=8))
+def test_lowered_functions_with_copies_stage_every_static_primfunc_output(mod):
+    relax.analysis.well_formed(mod)
+    main = summarize(mod["main"])
+    calls = [b.value for b in main.bindings if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.GlobalVar)
+             and isinstance(mod[b.value.op], tvm.tirx.PrimFunc)]  # fmt: skip
+    copies = [b.value for b in main.bindings if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op)
+              and b.value.op.name == "relax.vm.copy_tensor"]  # fmt: skip
+    staged = [c for c in calls if str(c.args[-1].name).endswith("_staged")]
+    assert len(copies) == len(staged)
+    assert [str(c.args[0].name) for c in copies] == [str(c.args[-1].name) for c in staged]
+
+
+def test_relax_modules_shrink_to_a_small_module():
+    # A property failing on every module with a matmul shrinks to the matmul and little else.
+    minimal = find(relax_modules(), lambda m: "relax.matmul" in ops_in(m), settings=FIND)
+    relax_funcs = [f for _, f in minimal.functions_items() if isinstance(f, relax.Function)]
+    assert len(relax_funcs) == 1
+    bindings = summarize(relax_funcs[0]).bindings
+    # One tensor parameter, the matmul and at most a few bindings before it; no helper, If,
+    # local function or extra parameter survives.
+    assert len(bindings) <= 4 and len(relax_funcs[0].params) == 1, minimal.script()
+    assert len(minimal.script().splitlines()) <= 12, minimal.script()

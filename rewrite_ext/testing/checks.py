@@ -1,9 +1,15 @@
-"""``check_rewrite``: the properties every rewrite should have, checked on one function."""
+"""``check_rewrite`` and ``check_pass``: the properties every rewrite should have, on one input.
+
+Structural (the output is well formed, the input unchanged, the rewrite
+deterministic, ...) and, with ``run=True``, semantic: the input and the
+output are built and run on the VM on the same inputs and must compute the
+same results (:func:`rewrite_ext.testing.running.assert_same_results`).
+"""
 
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,8 +19,9 @@ from tvm import relax
 from tvm.relax.dpl import DFPattern
 
 from ..rewrite import Rewriter, _takes_builder, rewrite_call
+from .running import ResultMismatch, assert_same_results
 
-__all__ = ["CheckReport", "RewriteCheckFailure", "check_rewrite"]
+__all__ = ["CheckReport", "PassReport", "RewriteCheckFailure", "check_pass", "check_rewrite"]
 
 
 class RewriteCheckFailure(AssertionError):
@@ -33,6 +40,20 @@ class CheckReport:
     """How many of those calls returned a replacement (did not decline)."""
     output_matches: bool
     """Whether the rewriter was offered a match in its own output."""
+    ran: bool = False
+    """Whether input and output were run and compared (``run=True`` and the output differs)."""
+
+
+@dataclass(frozen=True)
+class PassReport:
+    """What :func:`check_pass` saw."""
+
+    output: tvm.IRModule
+    """The transformed module."""
+    changed: bool
+    """Whether the output differs structurally from the input."""
+    ran: bool
+    """Whether input and output were run and compared."""
 
 
 class _Counting:
@@ -67,8 +88,8 @@ def _script(obj: relax.Function | tvm.IRModule) -> str:
     return obj.script(show_meta=False)
 
 
-def _fail(prop: str, detail: str, before: str, after: str | None = None) -> None:
-    report = [f"check_rewrite: {prop}", detail]
+def _fail(prop: str, detail: str, before: str, after: str | None = None, who: str = "check_rewrite") -> None:
+    report = [f"{who}: {prop}", detail]
     if after is None:
         report += ["--- input ---", before]
     else:
@@ -87,16 +108,27 @@ def check_rewrite(
     func: relax.Function | tvm.IRModule,
     *,
     max_iterations: int = 10,
+    run: bool = True,
+    inputs: Sequence[Any] | None = None,
+    seed: int = 0,
+    sizes: Mapping[str, int] | None = None,
+    rtol: float | None = None,
+    atol: float | None = None,
 ) -> CheckReport:
     """Check the properties every rewrite by :func:`rewrite_ext.rewrite_call` should have.
 
     On ``func``: the output is well formed; the input is unchanged;
     rewriting is deterministic (two runs give structurally equal output);
     where nothing matched (or every match was declined) the output is
-    structurally equal to the input; and where the rewriter is not
+    structurally equal to the input; where the rewriter is not
     offered any match in its own output, a second application changes
-    nothing.  Meant to be called from a property test over generated IR
-    (see :mod:`rewrite_ext.testing.strategies`).
+    nothing; and (``run=True``, when the output differs from the input) the
+    input and the output, built for ``llvm`` and run on the VM on the same
+    inputs, compute the same results (see
+    :func:`rewrite_ext.testing.assert_same_results`; under ``cpu_dma()``
+    when the output calls the Hexagon DMA builtins).  Meant to be called
+    from a property test over generated IR (see
+    :mod:`rewrite_ext.testing.strategies`).
 
     Parameters
     ----------
@@ -108,6 +140,19 @@ def check_rewrite(
         The input.
     max_iterations : int
         Passed to ``rewrite_call``.
+    run : bool
+        Also build and run input and output and compare their results.  A
+        module runs its ``main``; pass ``run=False`` for a structural check
+        only (a module without ``main``, a rewrite meant to change results).
+    inputs : sequence, optional
+        One value per parameter of ``main``; by default seeded random inputs
+        (:func:`rewrite_ext.testing.random_inputs` with ``seed`` and ``sizes``).
+    seed : int
+        Seed of the default inputs.
+    sizes : Mapping[str, int], optional
+        Values of symbolic shape variables for the default inputs.
+    rtol, atol : float, optional
+        Float tolerances; by default per dtype (see ``assert_same_results``).
 
     Returns
     -------
@@ -118,7 +163,8 @@ def check_rewrite(
     ------
     RewriteCheckFailure
         An ``AssertionError`` whose message names the property that does not
-        hold and shows the IR (or a diff of it).
+        hold and shows the IR (or a diff of it); for different results, the
+        first output that differs and the inputs that show it.
     rewrite_ext.RewriteError
         From ``rewrite_call`` itself, when the rewrite fails.
     """
@@ -154,5 +200,80 @@ def check_rewrite(
             _script(output),
             _script(twice),
         )
-    return CheckReport(output, first.calls, first.rewrites, second.calls > 0)
+    ran = run and not output.same_as(func)
+    if ran:
+        _compare("check_rewrite", func, output, inputs, seed, sizes, rtol, atol)
+    return CheckReport(output, first.calls, first.rewrites, second.calls > 0, ran)
+
+
+def _compare(who: str, before, after, inputs, seed, sizes, rtol, atol) -> None:
+    try:
+        assert_same_results(before, after, inputs=inputs, seed=seed, sizes=sizes, rtol=rtol, atol=atol)
+    except ResultMismatch as exc:
+        detail = str(exc).removeprefix("assert_same_results: ")
+        raise RewriteCheckFailure(
+            "\n".join([f"{who}: the output computes what the input computes", detail, "--- output ---", _script(after)])
+        ) from None
+
+
+def check_pass(
+    pass_: tvm.transform.Pass | Callable[[tvm.IRModule], tvm.IRModule],
+    mod: tvm.IRModule,
+    *,
+    run: bool = True,
+    inputs: Sequence[Any] | None = None,
+    seed: int = 0,
+    sizes: Mapping[str, int] | None = None,
+    rtol: float | None = None,
+    atol: float | None = None,
+) -> PassReport:
+    """Check the properties every module pass should have, on ``mod``.
+
+    The output is well formed; the input is unchanged; the pass is
+    deterministic (two runs give structurally equal output); and
+    (``run=True``, when the output differs from the input) ``main`` of the
+    input and of the output compute the same results on the VM, on the same
+    inputs (under ``cpu_dma()`` when the output calls the Hexagon DMA
+    builtins, as ``rewrite_ext.hexagon.CopyToDMA()``'s does).
+
+    Parameters
+    ----------
+    pass_ : Union[tvm.transform.Pass, Callable]
+        A module pass (``CopyToDMA()``, ``RewriteCall(...)``, a TVM pass), or any
+        function from module to module.
+    mod : tvm.IRModule
+        The input.
+    run, inputs, seed, sizes, rtol, atol
+        As for :func:`check_rewrite`.
+
+    Returns
+    -------
+    report : PassReport
+        The output, whether it changed and whether it was run.
+
+    Raises
+    ------
+    RewriteCheckFailure
+        Naming the property that does not hold, as for ``check_rewrite``.
+    """
+    if not isinstance(mod, tvm.IRModule):
+        raise TypeError(f"check_pass takes a tvm.IRModule, got {type(mod).__name__}; wrap a function in one")
+    who = "check_pass"
+    before_hash = tvm_ffi.structural_hash(mod)
+    before = _script(mod)
+    output = pass_(mod)
+    try:
+        relax.analysis.well_formed(output)
+    except Exception as exc:  # noqa: BLE001
+        _fail("output is well formed", f"relax.analysis.well_formed: {exc}", _script(output), who=who)
+    if tvm_ffi.structural_hash(mod) != before_hash or _script(mod) != before:
+        _fail("input is unchanged", "the input changed during the pass", before, _script(mod), who=who)
+    again = pass_(mod)
+    if not _equal(output, again):
+        _fail("deterministic", "two runs on the same input differ", _script(output), _script(again), who=who)
+    changed = not _equal(output, mod)
+    ran = run and changed
+    if ran:
+        _compare(who, mod, output, inputs, seed, sizes, rtol, atol)
+    return PassReport(output, changed, ran)
 
