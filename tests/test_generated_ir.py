@@ -13,8 +13,8 @@ into PrimFuncs (``relax_modules``), TVM's own VM-level lowering of them
    TVM-lowered ones with PrimFunc outputs staged through copies): under ``cpu_dma()`` the
    rewritten module computes what the copies computed; TVM-lowered modules without copies come
    back unchanged.
-3. What the current core cannot take yet (``R.Prim`` and ``R.Object`` parameters), as strict
-   xfails that flip when the core rebuild (issue 16) lands.
+3. Modules with ``R.Prim``, ``R.Shape``, ``R.Object`` and tuple parameters (every one crashed the
+   core before its rebuild, issue 16).
 
 Example counts follow the loaded profile (tests/conftest.py), as in tests/test_properties.py:
 four times the profile's examples for rewriting only, half of them for building and running.
@@ -48,7 +48,6 @@ PROFILE_EXAMPLES = settings().max_examples
 MORE_EXAMPLES = settings(max_examples=4 * PROFILE_EXAMPLES)
 VM_EXAMPLES = settings(max_examples=max(3, PROFILE_EXAMPLES // 2))
 
-CORE_REBUILD = "fixed by the core rebuild (issue 16)"
 
 # ---------------------------------------------------------------------------------------------
 # Identities: rewriters that change the program, not what it computes
@@ -219,15 +218,11 @@ def test_copy_to_dma_leaves_tvm_lowered_modules_without_copies_unchanged(mod):
 
 
 # ---------------------------------------------------------------------------------------------
-# 3. Not yet taken by the core: strict xfails, so they flip when the rebuild lands
+# 3. Every kind of parameter
 # ---------------------------------------------------------------------------------------------
 
 
-# Today: AttributeError: module 'tvm.relax' has no attribute 'PrimType' (rewrite_ext/_ir.py,
-# _plain_type), for any function with an R.Prim or R.Object parameter; raises= keeps any other
-# failure of this property visible.
-@pytest.mark.xfail(strict=True, reason=CORE_REBUILD, raises=AttributeError)
-@settings(max_examples=4 * PROFILE_EXAMPLES, phases=[Phase.generate])  # no shrinking of a known failure
+@settings(max_examples=4 * PROFILE_EXAMPLES)
 @given(relax_modules(max_bindings=12), st.data())
 def test_identities_on_modules_with_prim_shape_object_and_tuple_parameters(mod, data):
     identity = data.draw(identities(mod), label="identity")
@@ -246,9 +241,7 @@ def with_object(x: R.Tensor((1,), "float32"), o: R.Object):
     return y
 
 
-@pytest.mark.xfail(strict=True, reason=CORE_REBUILD, raises=AttributeError)
 @pytest.mark.parametrize("func", [with_prim, with_object], ids=["R.Prim", "R.Object"])
 def test_a_prim_or_object_parameter(func):
-    # Today: AttributeError: module 'tvm.relax' has no attribute 'PrimType' (_ir._plain_type).
     out = rewrite_call(is_op("relax.subtract")(X, Y), lambda orig, m: None, func)
     assert out.same_as(func)
