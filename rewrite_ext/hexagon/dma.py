@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+from dataclasses import dataclass
 from collections.abc import Callable, Iterator
 
 import tvm
@@ -107,8 +108,20 @@ def _chunk_views(
     return views
 
 
+@dataclass
+class _DMA:
+    """A DMA builtin's arguments; ``fields`` when read from IR (kept to rebuild a wait)."""
+
+    queue: int | None
+    bypass: int | None
+    src: relax.Expr | None
+    dst: relax.Expr | None
+    inflight: int | None = 0
+    fields: list | None = None
+
+
 def _dma_rewriter(
-    queues: Iterator[int], bypass_cache: bool, legacy_wait: bool, dropped: list[relax.Expr]
+    queues: Iterator[int], bypass_cache: bool, legacy_wait: bool, dropped: list[relax.Expr], known: dict | None
 ) -> Callable[[relax.Expr, dict, relax.BlockBuilder], relax.Expr | None]:
     """The rewriter for :func:`copy_tensor_pattern`, the example to read."""
 
@@ -132,13 +145,24 @@ def _dma_rewriter(
             pairs = list(zip(_chunk_views(builder, src, nbytes), _chunk_views(builder, dst, nbytes)))
         for part_src, part_dst in pairs:
             # Start the transfer: a void binding emitted just before the rewritten one.
-            builder.emit(_builtin(DMA_COPY, [part_src, part_dst, _imm(queue), _imm(bypass_cache)]))
+            copy = _builtin(DMA_COPY, [part_src, part_dst, _imm(queue), _imm(bypass_cache)])
+            builder.emit(copy)
+            if known is not None:
+                known[copy.__chandle__()] = ("copy", _DMA(queue, int(bypass_cache), part_src, part_dst))
         if legacy_wait:  # runtimes older than apache/tvm#16706
-            return _builtin(DMA_WAIT, [_imm(queue), _imm(0)])
+            wait = _builtin(DMA_WAIT, [_imm(queue), _imm(0)])
+            if known is not None:
+                known[wait.__chandle__()] = ("wait", _DMA(queue, None, None, None))
+            return wait
         # The wait replaces the copy.  inflight_dma=0: return once nothing is in flight on
         # this queue, so this copy has landed.  src and dst ride along so that
         # KillAfterLastUse cannot free them while the engine still reads or writes them.
-        return _builtin(DMA_WAIT, [_imm(queue), _imm(0), _imm(bypass_cache), src, dst])
+        wait = _builtin(DMA_WAIT, [_imm(queue), _imm(0), _imm(bypass_cache), src, dst])
+        if known is not None:
+            # What the overlap pass would read back, so it need not: reading IR fields costs
+            # far more than the scheduling itself.
+            known[wait.__chandle__()] = ("wait", _DMA(queue, int(bypass_cache), src, dst))
+        return wait
 
     return copy_to_dma_rewriter
 
@@ -266,16 +290,17 @@ def copy_to_dma(
     _check_queues(queue_id, num_queues)
     queues = itertools.cycle(range(queue_id, queue_id + num_queues))
     dropped: list[relax.Expr] = []
-    rewriter = _dma_rewriter(queues, bypass_cache, legacy_wait, dropped)
+    known: dict | None = {} if overlap else None
+    rewriter = _dma_rewriter(queues, bypass_cache, legacy_wait, dropped, known)
     # The output holds no copy_tensor it can rewrite, so one pass (and the confirming scan)
     # suffices.
     result = rewrite_call(copy_tensor_pattern(), rewriter, target, max_iterations=1)
     if dropped:
         result = _drop_bindings_of(result, dropped)
     if overlap:
-        from .overlap import sink_dma_waits
+        from .overlap import _schedule
 
-        result = sink_dma_waits(result)
+        result = _schedule(result, known, check=False)
     return result
 
 
