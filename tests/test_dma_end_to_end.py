@@ -13,7 +13,8 @@ from tvm.script import relax as R
 
 import rewrite_ext  # noqa: F401 - registers R.vm.copy_tensor
 from rewrite_ext.cli import load_module
-from rewrite_ext.hexagon import copy_to_dma, cpu_dma
+from rewrite_ext.hexagon import copy_to_dma, cpu_dma, overlap_report
+from rewrite_ext.ops import copy_tensor
 
 
 # The thread's module, as the README's main job runs it.
@@ -128,3 +129,38 @@ def test_overlap_output_runs_equal_with_waits_moved_later(num_queues):
 def test_copy_to_dma_rejects_zero_queues():
     with pytest.raises(ValueError, match="num_queues"):
         copy_to_dma(CopiesAndCompute, num_queues=0)
+
+
+def _big_copy_with_compute() -> tvm.IRModule:
+    """17 MiB of float32 (more than one descriptor) copied, compute on y meanwhile."""
+    n = 17 * 2**20 // 4
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([n], "float32"))
+    y = relax.Var("y", relax.TensorType([16], "float32"))
+    with bb.function("main", [x, y], pure=False):
+        out = bb.emit(relax.op.builtin.alloc_tensor(relax.ShapeExpr([n]), "float32", 0))
+        bb.emit(copy_tensor(x, out))
+        z = bb.emit(relax.op.multiply(y, y))
+        bb.emit_func_output(relax.Tuple([out, z]))
+    return bb.get()
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_copy_larger_than_a_descriptor_runs_chunked_under_the_stand_in(overlap):
+    mod = _big_copy_with_compute()
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(17 * 2**20 // 4).astype("float32")
+    y = rng.standard_normal(16).astype("float32")
+    rewritten = copy_to_dma(mod, overlap=overlap)
+    executable = relax.build(rewritten, target="llvm")
+    with cpu_dma() as dma:  # refuses any dma_copy of more than 2**24 - 1 bytes
+        vm = relax.VirtualMachine(executable, tvm.cpu())
+        out, z = vm["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(y))
+        out, z = out.numpy(), z.numpy()
+    np.testing.assert_array_equal(out, x)
+    np.testing.assert_array_equal(z, y * y)
+    assert dma.copies == 2 and dma.waits == 1 and dma.bytes_copied == x.nbytes
+    assert dma.peak_in_flight == {0: 2}
+    if overlap:  # both chunks in flight while the multiply runs
+        (first, second) = overlap_report(rewritten)
+        assert first.overlapped == second.overlapped == 1

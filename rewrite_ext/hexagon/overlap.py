@@ -237,6 +237,8 @@ class _Reader:
         self.known = known
         self.storages: set[int] = set()
         self.roots = itertools.count(1)
+        # Parameters: their caller holds them, so KillAfterLastUse never frees them here.
+        self.params: set[int] = set()
 
     def leaf(self, expr: object) -> tuple:
         if type(expr) in _VARS:
@@ -261,9 +263,12 @@ class _Reader:
     def function(self, func: relax.Function, top: bool) -> relax.Function:
         outside = (_OUT,) if top else _ANY
         for param in func.params:
-            self.facts[_h(param)] = outside
-        body, _, _ = self.seq(func.body, outside)
-        if body is func.body:
+            # Types are read for parameters only (few): an int or a shape holds no memory.
+            self.facts[_h(param)] = outside if _may_hold_memory(param.ty) else _NOTHING
+            self.params.add(_h(param))
+        old = func.body  # each access makes a new wrapper: compare with this one
+        body, _, _ = self.seq(old, outside)
+        if body is old:
             return func
         return relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs, func.span)
 
@@ -293,7 +298,7 @@ class _Reader:
         for block, recs, _ in blocks:
             planned = None
             if not isinstance(block, relax.DataflowBlock) and any(r.kind == "wait" for r in recs):
-                planned = _plan_block(recs, last_use, self.leaf)
+                planned = _plan_block(recs, last_use, self.leaf, self.params)
             if planned is None and any(r.new is not None for r in recs):
                 planned = [r.new or r.binding for r in recs]
             if planned is None:
@@ -332,12 +337,13 @@ class _Reader:
             new = self.function(value, top=False)
             fact = touched = captured  # a closure holds what it captures; defining it is a use
         elif isinstance(value, relax.If):
-            true, true_fact, true_touched = self.seq(value.true_branch, _ANY)
-            false, false_fact, false_touched = self.seq(value.false_branch, _ANY)
+            old_true, old_false = value.true_branch, value.false_branch
+            true, true_fact, true_touched = self.seq(old_true, _ANY)
+            false, false_fact, false_touched = self.seq(old_false, _ANY)
             fact = tuple(set(true_fact) | set(false_fact))
             touched = tuple(set(captured) | set(true_touched) | set(false_touched))
             new = value
-            if true is not value.true_branch or false is not value.false_branch:
+            if true is not old_true or false is not old_false:
                 new = relax.If(value.cond, true, false, value.span)
                 _ir.set_type(new, value.ty)
         else:
@@ -425,6 +431,14 @@ def _nbytes(shape: object, dtype: object) -> int | None:
             return None
         count *= value
     return count * _itemsize(str(dtype))
+
+
+def _may_hold_memory(ty: object) -> bool:
+    if isinstance(ty, (relax.ShapeType, tvm.ir.PrimType)):
+        return False
+    if isinstance(ty, relax.TupleType):
+        return any(_may_hold_memory(field) for field in ty.fields)
+    return True
 
 
 def _arg_vars(args: Iterable) -> list:
@@ -538,7 +552,7 @@ def _group(recs: list[_Rec], last_use: dict, leaf) -> list | None:
     return events
 
 
-def _plan_block(recs: list[_Rec], last_use: dict, leaf) -> list | None:
+def _plan_block(recs: list[_Rec], last_use: dict, leaf, params: set[int]) -> list | None:
     """The block's bindings rescheduled; None when it is left alone or nothing moves."""
     events = _group(recs, last_use, leaf)
     if events is None:
@@ -554,7 +568,7 @@ def _plan_block(recs: list[_Rec], last_use: dict, leaf) -> list | None:
     def alive(expr: object, last: _Unit, index: float) -> bool:
         if type(expr) not in _VARS or _same(expr, last.src) or _same(expr, last.dst):
             return True
-        return last_use.get(_h(expr), -1) >= index
+        return _h(expr) in params or last_use.get(_h(expr), -1) >= index
 
     def complete(units: Iterable[_Unit], index: float) -> None:
         """Wait, before ``out``'s end, for ``units`` and every older transfer of their queues."""
@@ -675,7 +689,7 @@ def _with_inflight(wait: _Rec, inflight: int) -> relax.VarBinding:
         fields = list(dma.fields)
         fields[1] = tvm.tirx.IntImm(str(fields[1].ty.dtype), inflight)
         call = relax.Call(old.op, [old.args[0], relax.Tuple(fields)], old.attrs, old.ty_args, old.span)
-    _ir.set_type(call, wait.binding.var.ty)  # what the wait's var was typed with
+    _ir.set_type(call, old.ty if old.ty is not None else _VOID)
     return relax.VarBinding(wait.binding.var, call, wait.binding.span)
 
 
@@ -876,11 +890,14 @@ def _block_report(function: str, recs: list[_Rec], leaf) -> list[TransferOverlap
             after = wait_position + 1
             while after < len(recs) and recs[after].kind == "wait":
                 after += 1
+            later = any(r.dma.queue == copy.queue for r in recs[wait_position + 1 : after])
             if after == len(recs):
                 stopped = "the end of its block"
             else:
-                why = _why(recs[after], src_fact, dst_fact, ())
-                stopped = _what(recs[after]) + (f" ({why})" if why else f" (needs a later transfer of queue {copy.queue})")
+                why = _why(recs[after], src_fact, dst_fact, ()) if recs[after].kind != "wait" else None
+                if why is None and later:
+                    why = f"waits with a later transfer of queue {copy.queue}"
+                stopped = _what(recs[after]) + (f" ({why})" if why else "")
         report.append(
             TransferOverlap(
                 function=function,
