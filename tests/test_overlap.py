@@ -1380,6 +1380,33 @@ def test_two_queues_run_with_two_in_flight_on_each():
 # ---------------------------------------------------------------------------------------------
 
 
+def _assert_waits_exact(func: relax.Function) -> None:
+    """Each five-argument wait, run as the engine runs it (per queue, oldest first), completes
+    its own transfer's last ``dma_copy`` and nothing issued after it: its inflight count is
+    neither too high (a race) nor too low (a needless stall)."""
+    for block in func.body.blocks:
+        views = {}
+        fifo: dict[int, list] = {}
+        for binding in block.bindings:
+            value = binding.value
+            if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name == "relax.memory.view":
+                views[binding.var] = value.args[0]
+            name = _builtin(binding)
+            if name is None:
+                continue
+            fields = list(binding.value.args[1].fields)
+            if name == DMA_COPY:
+                src, dst = (views.get(f, f) for f in fields[:2])
+                fifo.setdefault(int(fields[2]), []).append((src, dst))
+            elif len(fields) == 5:
+                queue, inflight = int(fields[0]), int(fields[1])
+                pending = fifo.get(queue, [])
+                assert len(pending) > inflight, "a wait that completes nothing"
+                last = pending[len(pending) - inflight - 1]
+                assert last[0].same_as(fields[3]) and last[1].same_as(fields[4]), "inflight_dma not exact"
+                del pending[: len(pending) - inflight]
+
+
 def test_sinking_generated_lowered_functions_keeps_their_results():
     peaks: list[int] = []
     generated = lowered_copy_functions(max_copies=8, max_storages=2, legalize=False) | lowered_copy_functions(
@@ -1395,6 +1422,7 @@ def test_sinking_generated_lowered_functions_keeps_their_results():
         inputs = _inputs(mod["main"], seed=0)
         expected, _ = _run(mod, inputs, dma=False)
         got, engine = _run(sunk, inputs, dma=True)  # nothing in flight at exit, else DMAError
+        _assert_waits_exact(sunk["main"])
         assert len(got) == len(expected)
         for g, e in zip(got, expected):
             np.testing.assert_array_equal(g, e)
