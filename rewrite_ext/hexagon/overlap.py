@@ -840,7 +840,10 @@ def _what(rec: _Rec) -> str:
         return f"the wait for {_name(rec.dma.src)} -> {_name(rec.dma.dst)}" if rec.dma.src is not None else "a legacy wait"
     if rec.kind == "copy":
         return f"the copy {_name(rec.dma.src)} -> {_name(rec.dma.dst)}"
-    op = value.op.name if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) else type(value).__name__
+    op = type(value).__name__
+    if isinstance(value, relax.Call):
+        callee = value.op
+        op = callee.name if isinstance(callee, tvm.ir.Op) else getattr(callee, "name_hint", None) or _name(callee)
     return f"`{_name(rec.var)} = {op}`" if rec.var is not None else f"`{op}`"
 
 
