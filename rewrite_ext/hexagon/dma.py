@@ -240,10 +240,12 @@ def copy_to_dma(
         Emit the two-argument ``dma_wait(queue_id, 0)`` of runtimes older
         than apache/tvm#16706, which does not carry src and dst.
     overlap : bool
-        Move each wait down to just before the first later binding of its
-        block that conflicts with the transfer, with the ``inflight_dma``
-        that waits for exactly that transfer, so compute overlaps the copy
-        (see :func:`rewrite_ext.hexagon.overlap.sink_dma_waits`).
+        Schedule each block so compute overlaps the transfers: each
+        ``dma_copy`` starts just after the last binding it depends on, each
+        wait lands just before the first binding that conflicts with its
+        transfer, with the exact ``inflight_dma``, and waits a later wait of
+        their queue covers merge into it where no buffer dies early (see
+        :func:`rewrite_ext.hexagon.overlap.sink_dma_waits`).
     num_queues : int
         Spread the transfers round-robin over queue ids ``queue_id`` to
         ``queue_id + num_queues - 1`` (all of them user queues) so
