@@ -1251,6 +1251,45 @@ def test_a_wait_is_not_merged_when_its_buffer_would_die_before_the_merged_wait()
     assert_sinks_to(dying_buffer, dying_buffer_sunk)
 
 
+@R.function(pure=False)
+def merged_then_read(x: R.Tensor((16,), "float32"), y: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
+    storage = _storage()
+    a = _alloc(storage, 0)
+    b = _alloc(storage, 64)
+    e = _alloc(storage, 128)
+    dma_copy(x, a)
+    dma_wait(x, a)
+    dma_copy(y, b)
+    dma_wait(y, b)
+    c = R.add(b, b)
+    dma_copy(a, e)
+    dma_wait(a, e)
+    d = R.add(c, e)
+    f = R.add(a, d)
+    return f
+
+
+@R.function(pure=False)
+def merged_then_read_sunk(x: R.Tensor((16,), "float32"), y: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
+    storage = _storage()
+    a = _alloc(storage, 0)
+    dma_copy(x, a)
+    b = _alloc(storage, 64)
+    dma_copy(y, b)
+    e = _alloc(storage, 128)
+    dma_wait(y, b)  # completes x -> a too: a's own wait merged into it
+    dma_copy(a, e)  # reads a: starts after the wait that completes x -> a, not before
+    c = R.add(b, b)
+    dma_wait(a, e)
+    d = R.add(c, e)
+    f = R.add(a, d)
+    return f
+
+
+def test_a_copy_reading_a_merged_transfers_dst_starts_after_the_wait_that_completes_it():
+    assert_sinks_to(merged_then_read, merged_then_read_sunk)
+
+
 def _copy_into_constant() -> tvm.IRModule:
     """The issue's race: ``k = R.const(...)``; ``copy_tensor(x, k)``; a read of k."""
     bb = relax.BlockBuilder()

@@ -181,10 +181,12 @@ class _Ranges:
             value = values[key] = make()
         return value
 
-    def put(self, fact: tuple, value: object) -> None:
+    def put(self, fact: tuple, slot: int) -> None:
+        """Keep ``slot`` under each region of ``fact`` unless a later one is there."""
         for region in fact:
             values, key = self._key(region)
-            values[key] = value
+            if values.get(key, -1) < slot:
+                values[key] = slot
 
     def find(self, fact: tuple) -> list:
         found: list = []
@@ -496,6 +498,9 @@ class _Unit:
             self.src_fact = tuple({r for c in copies for r in reader_facts(c.dma.src)})
             self.dst_fact = tuple({r for c in copies for r in reader_facts(c.dma.dst)})
             self.deps = [v for r in views + copies for v in r.uses]
+        # A view of the transfer (say, of a copy_tensor of a view) moves with it: what
+        # defines the view's input must come first too.
+        self.deps += [v for r in views for v in r.uses]
         self.rank = 0
         self.buckets: list = []
 
@@ -581,14 +586,18 @@ def _plan_block(recs: list[_Rec], last_use: dict, leaf, params: set[int]) -> lis
             run = []
             while not run or run[-1] is not target:
                 run.append(fifo.popleft())
+            kept = {}
             for unit in run:
                 # Only the last wait of the run is needed; an earlier one stays for its buffers.
                 if unit is target or not (alive(unit.src, target, index) and alive(unit.dst, target, index)):
                     out.append(unit)
+                    kept[unit.seq] = len(out) - 1
                 for bucket in unit.buckets:
                     del bucket[unit.seq]
-                read.put(unit.src_fact, len(out) - 1)
-                written.put(unit.dst_fact, len(out) - 1)
+            for unit in run:  # a merged transfer completes at the last wait of the run
+                slot = kept.get(unit.seq, len(out) - 1)
+                read.put(unit.src_fact, slot)
+                written.put(unit.dst_fact, slot)
 
     def conflicts(reads: tuple, writes: tuple) -> list[_Unit]:
         hits: dict = {}
