@@ -164,7 +164,7 @@ def test_queues_outside_the_user_queues_are_a_value_error_when_the_rewrite_is_ma
     with pytest.raises(ValueError, match=message):
         copy_to_dma(Seed, queue_id=queue_id, num_queues=num_queues)
     with pytest.raises(ValueError, match=message):
-        CopyToDMA(queue_id=queue_id, num_queues=num_queues)(Seed)
+        CopyToDMA(queue_id=queue_id, num_queues=num_queues)  # already when the pass is made
 
 
 def test_all_nine_user_queues_are_accepted():

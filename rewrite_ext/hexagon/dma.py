@@ -327,6 +327,8 @@ def CopyToDMA(  # noqa: N802 - TVM names passes in CamelCase
         A module pass named ``CopyToDMA``.
     """
 
+    _check_queues(queue_id, num_queues)  # when the pass is made, not when it first runs
+
     def transform(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         return copy_to_dma(
             mod,

@@ -137,9 +137,6 @@ def _h(obj: object) -> int:
     return obj.__chandle__()
 
 
-def _is_var(expr: object) -> bool:
-    return type(expr) in _VARS
-
 
 def _overlap(a: tuple, b: tuple) -> bool:
     if a[0] == _ANYTHING or b[0] == _ANYTHING:
