@@ -21,6 +21,7 @@ machine skews both sides alike.  Run::
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import time
 
@@ -52,6 +53,7 @@ def make_independent_copies(n: int) -> relax.Function:
 
 
 def cpu_seconds(fn, *args, **kwargs) -> float:
+    gc.collect()  # start each timing from the same heap, as bench_rewrite.py does
     start = time.process_time()
     fn(*args, **kwargs)
     return time.process_time() - start

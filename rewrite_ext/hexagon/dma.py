@@ -138,6 +138,8 @@ def _dma_rewriter(
             dropped.append(nothing)
             return nothing
         queue = next(queues)
+        if known is not None and isinstance(dst, relax.Var):
+            known[dst.__chandle__()] = nbytes  # spares the overlap pass reading dst's allocation
         pairs = [(src, dst)]
         if nbytes > MAX_DESCRIPTOR_BYTES:
             # One descriptor carries at most 2**24 - 1 bytes: one dma_copy per chunk, all on

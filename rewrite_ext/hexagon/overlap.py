@@ -54,10 +54,12 @@ Left alone
 from __future__ import annotations
 
 import bisect
+import contextlib
+import gc
 import functools
 import itertools
 from collections import defaultdict, deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import tvm
@@ -313,7 +315,7 @@ class _Reader:
     def read(self, binding: relax.Binding, outside: tuple) -> _Rec:
         value = binding.value
         known = self.known.get(value.__chandle__()) if self.known else None
-        if known is not None:  # a DMA builtin copy_to_dma just emitted: no need to read it
+        if type(known) is tuple:  # (not a size: a dst var may be a binding's value too)  # a DMA builtin copy_to_dma just emitted: no need to read it
             kind, dma = known
             var = binding.var if kind != "copy" else None
             if kind == "view":
@@ -356,6 +358,12 @@ class _Reader:
 
     def call(self, binding: relax.Binding, var: relax.Var, call: relax.Call, outside: tuple) -> _Rec:
         kind = _kind(call.op)
+        if kind == "tensor" and self.known:
+            size = self.known.get(var.__chandle__())
+            if type(size) is int:  # a copy's dst, its size known to copy_to_dma: read 2 args, not 5
+                storage, offset = _arg(call.args, 0), _arg(call.args, 1)
+                self.facts[_h(var)] = self._placed(self.leaf(storage), _int(offset), size)
+                return _Rec(binding, "compute", var, _arg_vars([storage]))
         args = _ir.elements(call.args)
         if kind == "builtin":
             dma = _read_dma(args)
@@ -438,6 +446,13 @@ def _may_hold_memory(ty: object) -> bool:
     if isinstance(ty, relax.TupleType):
         return any(_may_hold_memory(field) for field in ty.fields)
     return True
+
+
+_arg = tvm_ffi.get_global_func("ffi.ArrayGetItem")
+try:  # our own handle: it returns at once, so keeping the GIL saves the lock round trip
+    _arg.release_gil = False
+except AttributeError:
+    pass
 
 
 def _arg_vars(args: Iterable) -> list:
@@ -690,18 +705,32 @@ def _with_inflight(wait: _Rec, inflight: int) -> relax.VarBinding:
     dma, old = wait.dma, wait.binding.value
     if dma.fields is None:  # emitted by copy_to_dma: int64 immediates, void
         fields = [_imm(dma.queue), _imm(inflight), _imm(dma.bypass), dma.src, dma.dst]
-        call = relax.Call(_CALL_BUILTIN, [_extern(DMA_WAIT), relax.Tuple(fields)], None, [_VOID])
+        call = relax.Call(_CALL_BUILTIN, [_extern(DMA_WAIT), relax.Tuple(fields)], None, [_VOID], ret_ty=_VOID)
     else:
         fields = list(dma.fields)
         fields[1] = tvm.tirx.IntImm(str(fields[1].ty.dtype), inflight)
-        call = relax.Call(old.op, [old.args[0], relax.Tuple(fields)], old.attrs, old.ty_args, old.span)
-    _ir.set_type(call, old.ty if old.ty is not None else _VOID)
-    return relax.VarBinding(wait.binding.var, call, wait.binding.span)
+        ty = old.ty if old.ty is not None else _VOID
+        call = relax.Call(old.op, [old.args[0], relax.Tuple(fields)], old.attrs, old.ty_args, old.span, ret_ty=ty)
+    return relax.VarBinding(wait.binding.var, call)
 
 
 # ---------------------------------------------------------------------------------------------
 # The pass
 # ---------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _no_cyclic_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector: the pass makes a few small objects per binding,
+    all freed by reference counting, and each collection it would trigger rescans every IR
+    wrapper alive (a third of the pass's time on 10k copies)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _schedule(
@@ -712,7 +741,8 @@ def _schedule(
     input was checked: the schedule only reorders a block's bindings, each after what it
     uses, and changes immediates (the tests check every output)."""
     if isinstance(target, relax.Function):
-        result = _Reader(known).function(target, top=True)
+        with _no_cyclic_gc():
+            result = _Reader(known).function(target, top=True)
         if check and result is not target:
             relax.analysis.well_formed(result)
         return result
@@ -721,7 +751,8 @@ def _schedule(
         changed = False
         for gvar, func in target.functions_items():
             if isinstance(func, relax.Function):
-                new_func = _Reader(known).function(func, top=True)
+                with _no_cyclic_gc():
+                    new_func = _Reader(known).function(func, top=True)
                 changed = changed or new_func is not func
                 functions[gvar] = new_func
         result_mod = tvm.IRModule(functions, attrs=target.attrs, global_infos=target.global_infos)
