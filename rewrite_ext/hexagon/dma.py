@@ -120,6 +120,10 @@ class _DMA:
     fields: list | None = None
 
 
+def _vars(*exprs: relax.Expr) -> tuple:
+    return tuple(e for e in exprs if isinstance(e, relax.Var))
+
+
 def _dma_rewriter(
     queues: Iterator[int], bypass_cache: bool, legacy_wait: bool, dropped: list[relax.Expr], known: dict | None
 ) -> Callable[[relax.Expr, dict, relax.BlockBuilder], relax.Expr | None]:
@@ -150,11 +154,12 @@ def _dma_rewriter(
             copy = _builtin(DMA_COPY, [part_src, part_dst, _imm(queue), _imm(bypass_cache)])
             builder.emit(copy)
             if known is not None:
-                known[copy.__chandle__()] = ("copy", _DMA(queue, int(bypass_cache), part_src, part_dst))
+                uses = _vars(part_src, part_dst)
+                known[copy.__chandle__()] = ("copy", _DMA(queue, int(bypass_cache), part_src, part_dst), uses)
         if legacy_wait:  # runtimes older than apache/tvm#16706
             wait = _builtin(DMA_WAIT, [_imm(queue), _imm(0)])
             if known is not None:
-                known[wait.__chandle__()] = ("wait", _DMA(queue, None, None, None))
+                known[wait.__chandle__()] = ("wait", _DMA(queue, None, None, None), ())
             return wait
         # The wait replaces the copy.  inflight_dma=0: return once nothing is in flight on
         # this queue, so this copy has landed.  src and dst ride along so that
@@ -163,7 +168,7 @@ def _dma_rewriter(
         if known is not None:
             # What the overlap pass would read back, so it need not: reading IR fields costs
             # far more than the scheduling itself.
-            known[wait.__chandle__()] = ("wait", _DMA(queue, int(bypass_cache), src, dst))
+            known[wait.__chandle__()] = ("wait", _DMA(queue, int(bypass_cache), src, dst), _vars(src, dst))
         return wait
 
     return copy_to_dma_rewriter

@@ -72,6 +72,9 @@ from .dma import _DMA, DMA_COPY, DMA_WAIT, _extern, _imm
 __all__ = ["TransferOverlap", "format_overlap_report", "overlap_report", "sink_dma_waits"]
 
 _CALL_BUILTIN = tvm.ir.Op.get("relax.call_builtin_with_ctx")
+_MAKE_CALL = tvm_ffi.get_global_func("ir.Call")  # (ret_ty, op, args, attrs, ty_args, span)
+_MAKE_TUPLE = tvm_ffi.get_global_func("ir.Tuple")  # (fields, span)
+_MAKE_BINDING = tvm_ffi.get_global_func("relax.VarBinding")  # (var, value, span)
 _EXTERNAL, _ANYTHING = 0, -1  # roots; allocations get 1, 2, ...
 _NOTHING: tuple = ()
 _OUT = (_EXTERNAL, None, None)
@@ -281,15 +284,17 @@ class _Reader:
         blocks = []
         touched: set = set()
         index = 0
+        read = self.read
         for block in seq.blocks:
             recs = []
             for binding in _ir.bindings_of(block):
-                rec = self.read(binding, outside)
+                rec = read(binding, outside)
                 rec.index = index
                 for var in rec.uses:
-                    last_use[_h(var)] = index
-                touched.update(rec.reads)
-                touched.update(rec.writes)
+                    last_use[var.__chandle__()] = index
+                if rec.reads:
+                    touched.update(rec.reads)
+                    touched.update(rec.writes)
                 recs.append(rec)
                 index += 1
             blocks.append((block, recs, index - len(recs)))
@@ -315,13 +320,10 @@ class _Reader:
     def read(self, binding: relax.Binding, outside: tuple) -> _Rec:
         value = binding.value
         known = self.known.get(value.__chandle__()) if self.known else None
-        if type(known) is tuple:  # (not a size: a dst var may be a binding's value too)  # a DMA builtin copy_to_dma just emitted: no need to read it
-            kind, dma = known
+        if type(known) is tuple:  # a DMA builtin copy_to_dma emitted: no need to read it back
+            kind, dma, uses = known
             var = binding.var if kind != "copy" else None
-            if kind == "view":
-                self.facts[_h(var)] = self._viewed(self.leaf(dma.src), value)
-                return _Rec(binding, kind, var, (dma.src,), self.leaf(dma.src), dma=dma)
-            return _Rec(binding, kind, var, _leaf_vars(dma.src, dma.dst), dma=dma)
+            return _Rec(binding, kind, var, uses, dma=dma)
         var = binding.var
         if isinstance(value, relax.Call):
             return self.call(binding, var, value, outside)
@@ -464,10 +466,6 @@ def _arg_vars(args: Iterable) -> list:
         elif type(arg) in _NESTED:
             found.extend(relax.analysis.free_vars(arg))
     return found
-
-
-def _leaf_vars(*exprs: object) -> tuple:
-    return tuple(e for e in exprs if type(e) in _VARS)
 
 
 def _read_dma(args: list) -> tuple[str, _DMA] | None:
@@ -704,14 +702,15 @@ def _with_inflight(wait: _Rec, inflight: int) -> relax.VarBinding:
     dtype when read from IR)."""
     dma, old = wait.dma, wait.binding.value
     if dma.fields is None:  # emitted by copy_to_dma: int64 immediates, void
+        # The registered constructors: relax.Call's Python __init__ costs 4x the node.
         fields = [_imm(dma.queue), _imm(inflight), _imm(dma.bypass), dma.src, dma.dst]
-        call = relax.Call(_CALL_BUILTIN, [_extern(DMA_WAIT), relax.Tuple(fields)], None, [_VOID], ret_ty=_VOID)
+        call = _MAKE_CALL(_VOID, _CALL_BUILTIN, [_extern(DMA_WAIT), _MAKE_TUPLE(fields, None)], None, [_VOID], None)
     else:
         fields = list(dma.fields)
         fields[1] = tvm.tirx.IntImm(str(fields[1].ty.dtype), inflight)
         ty = old.ty if old.ty is not None else _VOID
         call = relax.Call(old.op, [old.args[0], relax.Tuple(fields)], old.attrs, old.ty_args, old.span, ret_ty=ty)
-    return relax.VarBinding(wait.binding.var, call)
+    return _MAKE_BINDING(wait.binding.var, call, None)
 
 
 # ---------------------------------------------------------------------------------------------
