@@ -556,10 +556,13 @@ def _group(recs: list[_Rec], last_use: dict, leaf) -> list | None:
             fixed = dma.src is None or _h(rec.var) in last_use
             events.append(_Unit(next(seq), rec, views, copies, fixed, leaf))
             continue
-        if rec.kind == "bad" or any(r.kind == "copy" for r in run):
+        if rec.kind == "bad":
             return None
-        events.extend(run)
-        run = []
+        if run:
+            if any(r.kind == "copy" for r in run):
+                return None
+            events.extend(run)
+            run = []
         events.append(rec)
     if any(r.kind == "copy" for r in run):
         return None
@@ -619,16 +622,18 @@ def _plan_block(recs: list[_Rec], last_use: dict, leaf, params: set[int]) -> lis
 
 
     for event in events:
-        if isinstance(event, _Rec):
-            busy = conflicts(event.reads, event.writes)
-            if busy:
-                complete(busy, event.index)
+        if type(event) is _Rec:
+            slot = len(out)
+            if event.reads:  # (an allocation touches nothing: the common case is quick)
+                busy = conflicts(event.reads, event.writes)
+                if busy:
+                    complete(busy, event.index)
+                    slot = len(out)
+                read.put(event.reads, slot)
+                written.put(event.writes, slot)
             out.append(event.binding if event.new is None else event.new)
-            slot = len(out) - 1
             if event.var is not None:
-                defined[_h(event.var)] = slot
-            read.put(event.reads, slot)
-            written.put(event.writes, slot)
+                defined[event.var.__chandle__()] = slot
             continue
         unit = event
         busy = conflicts(unit.src_fact, unit.dst_fact)
