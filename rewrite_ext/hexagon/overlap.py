@@ -55,8 +55,9 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import gc
 import functools
+import gc
+import inspect
 import itertools
 from collections import defaultdict, deque
 from collections.abc import Iterable, Iterator
@@ -72,9 +73,13 @@ from .dma import _DMA, DMA_COPY, DMA_WAIT, _extern, _imm
 __all__ = ["TransferOverlap", "format_overlap_report", "overlap_report", "sink_dma_waits"]
 
 _CALL_BUILTIN = tvm.ir.Op.get("relax.call_builtin_with_ctx")
-_MAKE_CALL = tvm_ffi.get_global_func("ir.Call")  # (ret_ty, op, args, attrs, ty_args, span)
-_MAKE_TUPLE = tvm_ffi.get_global_func("ir.Tuple")  # (fields, span)
-_MAKE_BINDING = tvm_ffi.get_global_func("relax.VarBinding")  # (var, value, span)
+# TVM 0.27's registered constructors, (ret_ty, op, args, attrs, ty_args, span) and
+# (fields, span): relax.Call's Python __init__ costs 4x the node.  Elsewhere: the classes.
+_MAKE_CALL = tvm_ffi.get_global_func("ir.Call", allow_missing=True)
+_MAKE_TUPLE = tvm_ffi.get_global_func("ir.Tuple", allow_missing=True)
+if "ret_ty" not in inspect.signature(relax.Call.__init__).parameters:
+    _MAKE_CALL = None
+_CONSTANT = getattr(relax, "Constant", None) or tvm.ir.expr.Constant  # moved to tvm.ir in 0.27
 _EXTERNAL, _ANYTHING = 0, -1  # roots; allocations get 1, 2, ...
 _NOTHING: tuple = ()
 _OUT = (_EXTERNAL, None, None)
@@ -253,7 +258,7 @@ class _Reader:
             return self.leaf(expr.tuple_value)
         if isinstance(expr, (relax.Call, relax.If, relax.SeqExpr, relax.Function)):
             return _ANY
-        if isinstance(expr, tvm.ir.expr.Constant) and isinstance(expr.ty, relax.TensorType):
+        if isinstance(expr, _CONSTANT) and isinstance(expr.ty, relax.TensorType):
             # Constants are memory like any other, and a copy may write one.
             return (_OUT,)
         return _NOTHING  # immediates, shapes, strings, dtypes, callee names
@@ -539,7 +544,8 @@ def _group(recs: list[_Rec], last_use: dict, leaf) -> list | None:
             if not copies:
                 return None
             views: list[_Rec] = []
-            while run and run[-1].kind == "view" and any(_same(run[-1].var, p) for c in copies for p in (c.dma.src, c.dma.dst)):
+            parts = [p for c in copies for p in (c.dma.src, c.dma.dst)]
+            while run and run[-1].kind == "view" and any(_same(run[-1].var, p) for p in parts):
                 views.insert(0, run.pop())
             if dma.src is not None:
                 bases = {_h(view.var): view.dma.src for view in views}
@@ -619,7 +625,6 @@ def _plan_block(recs: list[_Rec], last_use: dict, leaf, params: set[int]) -> lis
         for bucket in src_busy.find(writes):
             hits.update(bucket)
         return list(hits.values())
-
 
     for event in events:
         if type(event) is _Rec:
@@ -707,15 +712,18 @@ def _with_inflight(wait: _Rec, inflight: int) -> relax.VarBinding:
     dtype when read from IR)."""
     dma, old = wait.dma, wait.binding.value
     if dma.fields is None:  # emitted by copy_to_dma: int64 immediates, void
-        # The registered constructors: relax.Call's Python __init__ costs 4x the node.
         fields = [_imm(dma.queue), _imm(inflight), _imm(dma.bypass), dma.src, dma.dst]
-        call = _MAKE_CALL(_VOID, _CALL_BUILTIN, [_extern(DMA_WAIT), _MAKE_TUPLE(fields, None)], None, [_VOID], None)
+        if _MAKE_CALL is not None and _MAKE_TUPLE is not None:
+            call = _MAKE_CALL(_VOID, _CALL_BUILTIN, [_extern(DMA_WAIT), _MAKE_TUPLE(fields, None)], None, [_VOID], None)
+        else:
+            call = relax.Call(_CALL_BUILTIN, [_extern(DMA_WAIT), relax.Tuple(fields)], None, [_VOID])
+            _ir.set_type(call, _VOID)
     else:
         fields = list(dma.fields)
         fields[1] = tvm.tirx.IntImm(str(fields[1].ty.dtype), inflight)
-        ty = old.ty if old.ty is not None else _VOID
-        call = relax.Call(old.op, [old.args[0], relax.Tuple(fields)], old.attrs, old.ty_args, old.span, ret_ty=ty)
-    return _MAKE_BINDING(wait.binding.var, call, None)
+        call = relax.Call(old.op, [old.args[0], relax.Tuple(fields)], old.attrs, old.ty_args, old.span)
+        _ir.set_type(call, old.ty if old.ty is not None else _VOID)
+    return relax.VarBinding(wait.binding.var, call)
 
 
 # ---------------------------------------------------------------------------------------------
