@@ -108,7 +108,7 @@ def _chunk_views(
     return views
 
 
-@dataclass
+@dataclass(slots=True)
 class _DMA:
     """A DMA builtin's arguments; ``fields`` when read from IR (kept to rebuild a wait)."""
 
