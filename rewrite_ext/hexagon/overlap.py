@@ -538,6 +538,13 @@ def _group(recs: list[_Rec], last_use: dict, leaf) -> list | None:
             dma = rec.dma
             if dma.queue is None or dma.inflight != 0:
                 return None
+            if len(run) == 1 and run[0].kind == "copy":  # the common case, quickly
+                copy = run[0].dma
+                if copy.queue == dma.queue and copy.bypass == dma.bypass and copy.src is dma.src and copy.dst is dma.dst:
+                    fixed = rec.var.__chandle__() in last_use
+                    events.append(_Unit(next(seq), rec, [], run, fixed, leaf))
+                    run = []
+                    continue
             copies: list[_Rec] = []
             while run and run[-1].kind == "copy" and run[-1].dma.queue == dma.queue:
                 copies.insert(0, run.pop())
