@@ -158,13 +158,16 @@ def test_mismatched_sizes_raise_dma_error_through_the_vm(exec_mode):
     assert dma.copies == 0
 
 
-@I.ir_module
-class BadQueue:
-    @R.function(pure=False)
-    def main(x: R.Tensor((4, 8), "float32")):
-        a = R.builtin.alloc_tensor(R.shape([4, 8]), R.dtype("float32"), R.prim_value(0))
-        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", [x, a, 10, True], ty_args=[R.Tuple()])
-        return a
+def _copy_on_queue(queue: int) -> tvm.IRModule:
+    @I.ir_module
+    class BadQueue:
+        @R.function(pure=False)
+        def main(x: R.Tensor((4, 8), "float32")):
+            a = R.builtin.alloc_tensor(R.shape([4, 8]), R.dtype("float32"), R.prim_value(0))
+            R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", [x, a, queue, True], ty_args=[R.Tuple()])
+            return a
+
+    return BadQueue
 
 
 @I.ir_module
@@ -194,12 +197,14 @@ class WrongArity:
 @pytest.mark.parametrize(
     ("mod", "message"),
     [
-        (BadQueue, r"queue_id 10 out of range \[0, 10\)"),
+        (_copy_on_queue(9), r"queue_id 9 is not a user queue: user queues are 0..8, queue 9 is the runtime's own"),
+        (_copy_on_queue(10), r"queue_id 10 is not a user queue"),
+        (_copy_on_queue(-1), r"queue_id -1 is not a user queue"),
         (NegativeInflight, "inflight_dma must be >= 0, got -1"),
         (Overlap, "overlap"),
         (WrongArity, "got 4 arguments"),
     ],
-    ids=["queue-id", "negative-inflight", "overlap", "wait-arity"],
+    ids=["queue-9-is-the-runtimes", "queue-10", "queue-negative", "negative-inflight", "overlap", "wait-arity"],
 )
 def test_invalid_calls_raise_dma_error(mod, message):
     executable = _build(mod)
@@ -284,3 +289,81 @@ def test_a_context_can_be_reentered_with_fresh_counters():
         with dma:
             _run(executable, _x())
         assert dma.copies == 2
+
+
+# 17 MiB of float32: more than one descriptor's 2**24 - 1 bytes.
+_BIG = 17 * 2**20 // 4
+
+
+@I.ir_module
+class TooBig:
+    @R.function(pure=False)
+    def main(x: R.Tensor((_BIG,), "float32")):
+        a = R.builtin.alloc_tensor(R.shape([_BIG]), R.dtype("float32"), R.prim_value(0))
+        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", [x, a, 0, True], ty_args=[R.Tuple()])
+        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", [0, 0, True, x, a], ty_args=[R.Tuple()])
+        return a
+
+
+@I.ir_module
+class Empty:
+    @R.function(pure=False)
+    def main(x: R.Tensor((0,), "float32")):
+        a = R.builtin.alloc_tensor(R.shape([0]), R.dtype("float32"), R.prim_value(0))
+        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", [x, a, 0, True], ty_args=[R.Tuple()])
+        return a
+
+
+def test_a_copy_larger_than_a_descriptor_is_refused():
+    executable = _build(TooBig)
+    with cpu_dma() as dma:
+        with pytest.raises(DMAError, match=r"17825792 bytes exceed a descriptor's 16777215 \(2\*\*24 - 1\)"):
+            _run(executable, np.zeros(_BIG, dtype="float32"))
+    assert dma.copies == 0
+
+
+def test_a_copy_of_zero_bytes_is_refused():
+    executable = _build(Empty)
+    with cpu_dma() as dma:
+        with pytest.raises(DMAError, match="empty transfer"):
+            _run(executable, np.zeros(0, dtype="float32"))
+    assert dma.copies == 0
+
+
+def _many_copies(count: int, queues: int) -> tvm.IRModule:
+    """``count`` copies of x into the rows of one output, round-robin over ``queues`` queues,
+    none waited for until the end, where one wait per queue (inflight 0) completes them all."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([8], "float32"))
+    void = [relax.TupleType([])]
+    with bb.function("main", [x], pure=False):
+        out = bb.emit(relax.op.builtin.alloc_tensor(relax.ShapeExpr([count, 8]), "float32", 0))
+        for i in range(count):
+            row = bb.emit(relax.op.memory.view(out, relax.ShapeExpr([8]), "float32", tvm.tirx.IntImm("int64", 32 * i)))
+            bb.emit(relax.op.call_builtin_with_ctx(DMA_COPY, [x, row, i % queues, True], ty_args=void))
+        for queue in range(queues):
+            bb.emit(relax.op.call_builtin_with_ctx(DMA_WAIT, [queue, 0, True, x, out], ty_args=void))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("queues", [1, 3])
+def test_a_full_descriptor_ring_completes_the_oldest_transfer_and_counts_a_stall(queues):
+    # 250 transfers in flight at once would need 250 descriptors; the ring has 100, shared
+    # by all queues.  The rows still all arrive, in the order the engine finishes them.
+    executable = _build(_many_copies(250, queues))
+    x = _x().reshape(-1)[:8].copy()
+    with cpu_dma() as dma:
+        out = _run(executable, x).numpy()
+    np.testing.assert_array_equal(out, np.tile(x, (250, 1)))
+    assert dma.ring_stalls == 150
+    assert dma.peak_in_flight_total == 100
+    assert dma.completed == dma.copies == 250
+    assert "ring_stalls=150" in dma.summary()
+
+
+def test_a_ring_with_room_never_stalls():
+    executable = _build(_many_copies(100, 2))
+    with cpu_dma() as dma:
+        _run(executable, _x().reshape(-1)[:8].copy())
+    assert dma.ring_stalls == 0 and dma.peak_in_flight_total == 100

@@ -8,12 +8,15 @@ import numpy as np
 import pytest
 import tvm
 from tvm import relax
+from tvm.relax.expr_functor import PyExprMutator, mutator
+from tvm.relax.frontend import nn
 from tvm.script import ir as I
 from tvm.script import relax as R
 
 import rewrite_ext  # noqa: F401 - registers R.vm.copy_tensor
 from rewrite_ext.cli import load_module
-from rewrite_ext.hexagon import copy_to_dma, cpu_dma
+from rewrite_ext.hexagon import copy_to_dma, cpu_dma, overlap_report
+from rewrite_ext.ops import copy_tensor
 
 
 # The thread's module, as the README's main job runs it.
@@ -128,3 +131,120 @@ def test_overlap_output_runs_equal_with_waits_moved_later(num_queues):
 def test_copy_to_dma_rejects_zero_queues():
     with pytest.raises(ValueError, match="num_queues"):
         copy_to_dma(CopiesAndCompute, num_queues=0)
+
+
+def _big_copy_with_compute() -> tvm.IRModule:
+    """17 MiB of float32 (more than one descriptor) copied, compute on y meanwhile."""
+    n = 17 * 2**20 // 4
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([n], "float32"))
+    y = relax.Var("y", relax.TensorType([16], "float32"))
+    with bb.function("main", [x, y], pure=False):
+        out = bb.emit(relax.op.builtin.alloc_tensor(relax.ShapeExpr([n]), "float32", 0))
+        bb.emit(copy_tensor(x, out))
+        z = bb.emit(relax.op.multiply(y, y))
+        bb.emit_func_output(relax.Tuple([out, z]))
+    return bb.get()
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_copy_larger_than_a_descriptor_runs_chunked_under_the_stand_in(overlap):
+    mod = _big_copy_with_compute()
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(17 * 2**20 // 4).astype("float32")
+    y = rng.standard_normal(16).astype("float32")
+    rewritten = copy_to_dma(mod, overlap=overlap)
+    executable = relax.build(rewritten, target="llvm")
+    with cpu_dma() as dma:  # refuses any dma_copy of more than 2**24 - 1 bytes
+        vm = relax.VirtualMachine(executable, tvm.cpu())
+        out, z = vm["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(y))
+        out, z = out.numpy(), z.numpy()
+    np.testing.assert_array_equal(out, x)
+    np.testing.assert_array_equal(z, y * y)
+    assert dma.copies == 2 and dma.waits == 1 and dma.bytes_copied == x.nbytes
+    assert dma.peak_in_flight == {0: 2}
+    if overlap:  # both chunks in flight while the multiply runs
+        (first, second) = overlap_report(rewritten)
+        assert first.overlapped == second.overlapped == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# A model: an nn MLP lowered by TVM's own passes, with copies staged in by hand
+# ---------------------------------------------------------------------------------------------
+
+
+class _MLP(nn.Module):
+    def __init__(self) -> None:
+        self.fc1 = nn.Linear(16, 32)
+        self.fc2 = nn.Linear(32, 8)
+
+    def forward(self, x: nn.Tensor) -> nn.Tensor:
+        return self.fc2(nn.relu(self.fc1(x)))
+
+
+@mutator
+class _StageCopies(PyExprMutator):
+    """Copy the input, and each kernel's output after the kernel, into a tensor of a storage of
+    its own, and use the copy from then on: the copies a VTCM staging pass would add."""
+
+    def __init__(self, mod: tvm.IRModule, x: relax.Var) -> None:
+        super().__init__(mod)
+        self.pending_x: relax.Var | None = x
+
+    def _stage(self, var: relax.Var) -> None:
+        ty = var.ty
+        nbytes = int(np.prod([int(d) for d in ty.shape.values])) * 4
+        storage = self.builder_.emit(relax.op.vm.alloc_storage(relax.ShapeExpr([nbytes]), 0, "uint8", "global"))
+        staged = self.builder_.emit(relax.op.vm.alloc_tensor(storage, 0, ty.shape, "float32"))
+        self.builder_.emit(copy_tensor(var, staged))
+        self.set_var_remap(var, staged)
+
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+        if self.pending_x is not None:
+            x, self.pending_x = self.pending_x, None
+            self._stage(x)
+        super().visit_var_binding_(binding)
+        value = binding.value
+        if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.GlobalVar):
+            self._stage(value.args[-1])  # destination-passing: the output is the last argument
+
+
+def _lowered_mlp_with_copies() -> tvm.IRModule:
+    mod, _ = _MLP().export_tvm({"forward": {"x": nn.spec.Tensor((4, 16), "float32")}})
+    lowered = tvm.transform.Sequential(
+        [
+            relax.get_pipeline("zero"),
+            relax.transform.ToNonDataflow(),
+            relax.transform.RemovePurityChecking(),
+            relax.transform.CallTIRRewrite(),
+            relax.transform.StaticPlanBlockMemory(),
+            relax.transform.LowerAllocTensor(),
+        ]
+    )(mod)
+    func = lowered["forward"]
+    staged = _StageCopies(lowered, func.params[0]).visit_expr(func)
+    out = tvm.IRModule(dict(lowered.functions_items()), attrs=lowered.attrs)
+    out["forward"] = staged
+    return out
+
+
+@pytest.mark.parametrize("num_queues", [1, 2])
+def test_a_lowered_mlp_with_staging_copies_runs_equal_under_the_overlap_schedule(num_queues):
+    mod = _lowered_mlp_with_copies()
+    assert mod.script().count("R.vm.copy_tensor") == 5  # the input and four kernel outputs
+    rng = np.random.default_rng(7)
+    args = [rng.standard_normal([int(d) for d in p.ty.shape.values]).astype("float32") for p in mod["forward"].params]
+
+    def run(m: tvm.IRModule) -> np.ndarray:
+        vm = relax.VirtualMachine(relax.build(m, target="llvm"), tvm.cpu())
+        return vm["forward"](*(tvm.runtime.tensor(a) for a in args)).numpy()
+
+    expected = run(mod)
+    scheduled = copy_to_dma(mod, overlap=True, num_queues=num_queues)
+    relax.analysis.well_formed(scheduled)
+    with cpu_dma() as dma:  # poisons each dst until its covering wait; reads src at completion
+        got = run(scheduled)
+    np.testing.assert_array_equal(got, expected)
+    assert dma.copies == dma.completed == 5
+    report = overlap_report(scheduled)
+    assert len(report) == 5 and all(t.overlapped for t in report)

@@ -11,6 +11,7 @@ from tvm.script import relax as R
 import rewrite_ext  # noqa: F401 - registers R.vm.copy_tensor
 from rewrite_ext import RewriteError, rewrite_call
 from rewrite_ext.hexagon import CopyToDMA, copy_tensor_pattern, copy_to_dma
+from rewrite_ext.hexagon.dma import CHUNK_BYTES, MAX_DESCRIPTOR_BYTES
 from rewrite_ext.ops import copy_tensor
 
 
@@ -141,3 +142,96 @@ def test_copies_in_if_branches_and_several_blocks_are_all_rewritten():
     assert "copy_tensor" not in text
     assert text.count("hexagon.dma_copy") == 2 and text.count("hexagon.dma_wait") == 2
     relax.analysis.well_formed(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# The engine's limits, checked when the rewrite is made
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("queue_id", "num_queues", "message"),
+    [
+        (9, 1, r"queue 9 outside the user DMA queues 0..8 \(the runtime keeps queue 9"),
+        (10, 1, "queue 10 outside"),
+        (-1, 1, "queue -1 outside"),
+        (7, 3, r"queues 7..9 outside the user DMA queues 0..8"),
+        (0, 10, r"queues 0..9 outside"),
+        (0, 0, "num_queues must be at least 1, got 0"),
+    ],
+)
+def test_queues_outside_the_user_queues_are_a_value_error_when_the_rewrite_is_made(queue_id, num_queues, message):
+    with pytest.raises(ValueError, match=message):
+        copy_to_dma(Seed, queue_id=queue_id, num_queues=num_queues)
+    with pytest.raises(ValueError, match=message):
+        CopyToDMA(queue_id=queue_id, num_queues=num_queues)  # already when the pass is made
+
+
+def test_all_nine_user_queues_are_accepted():
+    out = copy_to_dma(Seed, queue_id=0, num_queues=9)
+    assert out.script().count("hexagon.dma_copy") == 2
+    assert copy_to_dma(Seed, queue_id=8).script().count("(0, 0, 1") == 0  # both on queue 8
+
+
+def _copy_of(n: int | str, dtype: str = "float32") -> tvm.IRModule:
+    """``main(x)``: copy x, of ``n`` elements, into an output tensor."""
+    bb = relax.BlockBuilder()
+    dim = tvm.tirx.Var("n", "int64") if n == "symbolic" else n
+    x = relax.Var("x", relax.TensorType([dim], dtype))
+    with bb.function("main", [x], pure=False):
+        out = bb.emit(relax.op.builtin.alloc_tensor(relax.ShapeExpr([dim]), dtype, 0))
+        bb.emit(copy_tensor(x, out))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _builtin_calls(func: relax.Function) -> list[tuple[str, list]]:
+    calls = []
+    for binding in func.body.blocks[0].bindings:
+        value = binding.value
+        if isinstance(value, relax.Call) and value.op.same_as(tvm.ir.Op.get("relax.call_builtin_with_ctx")):
+            calls.append((str(value.args[0].global_symbol).rsplit(".", 1)[1], list(value.args[1].fields)))
+        elif isinstance(value, relax.Call) and value.op.same_as(tvm.ir.Op.get("relax.memory.view")):
+            calls.append(("view", list(value.args)))
+    return calls
+
+
+def test_a_copy_larger_than_a_descriptor_becomes_chunks_on_one_queue_with_one_wait():
+    big = 17 * 2**20 // 4  # 17 MiB of float32: more than 2**24 - 1 bytes
+    out = copy_to_dma(_copy_of(big), queue_id=4)["main"]
+    relax.analysis.well_formed(out)
+    calls = _builtin_calls(out)
+    assert [name for name, _ in calls] == ["view", "view", "view", "view", "dma_copy", "dma_copy", "dma_wait"]
+    views = [args for name, args in calls if name == "view"]
+    # flat uint8 views at byte offsets 0 and CHUNK_BYTES, each at most one descriptor
+    sizes = [int(args[1].values[0]) for args in views]
+    offsets = [int(args[3]) for args in views]
+    assert sorted(sizes) == sorted([CHUNK_BYTES, big * 4 - CHUNK_BYTES] * 2)
+    assert max(sizes) <= MAX_DESCRIPTOR_BYTES and CHUNK_BYTES % 64 == 0
+    assert sorted(offsets) == [0, 0, CHUNK_BYTES, CHUNK_BYTES]
+    copies = [args for name, args in calls if name == "dma_copy"]
+    assert all(int(args[2]) == 4 for args in copies)
+    (wait,) = [args for name, args in calls if name == "dma_wait"]
+    assert [int(v) for v in wait[:3]] == [4, 0, 1]
+    assert wait[3].same_as(out.params[0])  # the wait carries the whole src and dst
+
+
+def test_a_copy_of_exactly_one_descriptor_is_not_split():
+    out = copy_to_dma(_copy_of(MAX_DESCRIPTOR_BYTES, "uint8"))["main"]
+    assert [name for name, _ in _builtin_calls(out)] == ["dma_copy", "dma_wait"]
+    out = copy_to_dma(_copy_of(MAX_DESCRIPTOR_BYTES + 1, "uint8"))["main"]
+    assert [name for name, _ in _builtin_calls(out)].count("dma_copy") == 2
+
+
+def test_a_copy_of_zero_bytes_becomes_nothing():
+    out = copy_to_dma(_copy_of(0))["main"]
+    relax.analysis.well_formed(out)
+    assert [b.var.name for b in out.body.blocks[0].bindings] == ["gv"]  # the allocation only
+    assert "copy_tensor" not in out.script() and "hexagon" not in out.script()
+
+
+def test_a_copy_of_symbolic_size_stays_a_synchronous_copy_tensor():
+    mod = _copy_of("symbolic")
+    out = copy_to_dma(mod, overlap=True)
+    tvm.ir.assert_structural_equal(out, mod)
+    assert "R.vm.copy_tensor" in out.script()

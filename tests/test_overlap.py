@@ -23,17 +23,12 @@ import rewrite_ext  # noqa: F401 - registers R.vm.copy_tensor
 from rewrite_ext import _ir
 from rewrite_ext.hexagon import DMA_COPY, DMA_WAIT, copy_to_dma, cpu_dma
 from rewrite_ext.hexagon.overlap import (
-    ANYTHING,
-    EXTERNAL,
-    AliasFact,
-    Region,
-    Root,
     TransferOverlap,
-    alias_facts,
     format_overlap_report,
     overlap_report,
     sink_dma_waits,
 )
+from rewrite_ext.ops import copy_tensor
 from rewrite_ext.testing.strategies import lowered_copy_functions
 
 # ---------------------------------------------------------------------------------------------
@@ -162,10 +157,10 @@ def three_unused(x: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
 def three_unused_sunk(x: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
     storage = _storage()
     a = _alloc(storage, 0)
+    dma_copy(x, a)  # each copy starts right after what defines its dst
     b = _alloc(storage, 64)
-    e = _alloc(storage, 128)
-    dma_copy(x, a)
     dma_copy(x, b)  # reading x, the first transfer's src, is no conflict
+    e = _alloc(storage, 128)
     dma_copy(x, e)
     c = R.add(x, x)
     dma_wait(x, a, inflight=2)  # all land at the block's end, in issue order
@@ -199,12 +194,13 @@ def two_used_at_one_point(x: R.Tensor((16,), "float32")) -> R.Tensor((16,), "flo
 def two_used_at_one_point_sunk(x: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
     storage = _storage()
     a = _alloc(storage, 0)
-    b = _alloc(storage, 64)
-    e = _alloc(storage, 128)
     dma_copy(x, a)
+    b = _alloc(storage, 64)
     dma_copy(x, b)
+    e = _alloc(storage, 128)
     dma_copy(x, e)
-    dma_wait(x, a, inflight=2)
+    # b's wait completes a's transfer too (FIFO); a's own wait is merged into it, as x (a
+    # parameter) and a (used by the add) stay alive past it anyway.
     dma_wait(x, b, inflight=1)  # e's transfer overlaps the first add
     c = R.add(a, b)
     dma_wait(x, e)
@@ -234,12 +230,11 @@ def later_used_first(x: R.Tensor((16,), "float32"), y: R.Tensor((16,), "float32"
 def later_used_first_sunk(x: R.Tensor((16,), "float32"), y: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
     storage = _storage()
     a = _alloc(storage, 0)
-    b = _alloc(storage, 64)
     dma_copy(x, a)
+    b = _alloc(storage, 64)
     dma_copy(y, b)
-    # b's wait must come before c and completes a's transfer too (FIFO): a's wait does not
-    # move below it, and comes first, so each wait completes exactly its own transfer.
-    dma_wait(x, a, inflight=1)
+    # b's wait must come before c and completes a's transfer too (FIFO), so a's wait never
+    # moves below it; here it merges into it, since x and a stay alive past it anyway.
     dma_wait(y, b)
     c = R.add(b, b)
     d = R.add(a, c)
@@ -272,8 +267,8 @@ def later_used_first_two_queues_sunk(
 ) -> R.Tensor((16,), "float32"):
     storage = _storage()
     a = _alloc(storage, 0)
-    b = _alloc(storage, 64)
     dma_copy(x, a, queue=0)
+    b = _alloc(storage, 64)
     dma_copy(y, b, queue=1)
     dma_wait(y, b, queue=1)  # another queue: a's transfer keeps running
     c = R.add(b, b)
@@ -311,12 +306,12 @@ def round_robin(x: R.Tensor((16,), "float32"), y: R.Tensor((16,), "float32")) ->
 def round_robin_sunk(x: R.Tensor((16,), "float32"), y: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
     storage = _storage()
     a = _alloc(storage, 0)
-    b = _alloc(storage, 64)
-    e = _alloc(storage, 128)
-    f = _alloc(storage, 192)
     dma_copy(x, a, queue=0)
+    b = _alloc(storage, 64)
     dma_copy(y, b, queue=1)
+    e = _alloc(storage, 128)
     dma_copy(x, e, queue=0)
+    f = _alloc(storage, 192)
     dma_copy(y, f, queue=1)
     dma_wait(x, a, queue=0, inflight=1)  # e is in flight behind a on queue 0
     dma_wait(y, b, queue=1, inflight=1)  # f is in flight behind b on queue 1
@@ -388,17 +383,18 @@ def _bindings_in_order(func: relax.Function) -> list[str]:
 @pytest.mark.parametrize(
     "offset, order",
     [
-        (32, ["copy(x->a)", "c", "wait(x->a, 0)", "d"]),  # [32, 96) overlaps a = [0, 64)
-        (0, ["copy(x->a)", "c", "wait(x->a, 0)", "d"]),  # the same bytes
-        ("symbolic", ["copy(x->a)", "c", "wait(x->a, 0)", "d"]),  # not provably disjoint
-        (64, ["copy(x->a)", "c", "d", "wait(x->a, 0)"]),  # [64, 128): disjoint, no conflict
+        (32, ["h", "c", "wait(x->a, 0)", "d"]),  # [32, 96) overlaps a = [0, 64)
+        (0, ["h", "c", "wait(x->a, 0)", "d"]),  # the same bytes
+        ("symbolic", ["h", "c", "wait(x->a, 0)", "d"]),  # not provably disjoint
+        (64, ["h", "c", "d", "wait(x->a, 0)"]),  # [64, 128): disjoint, no conflict
     ],
     ids=["overlapping", "same-range", "symbolic-offset", "disjoint"],
 )
 def test_tensors_of_the_same_storage_conflict_unless_provably_disjoint(offset, order):
     got = sink_dma_waits(_reader_at(offset))
     relax.analysis.well_formed(got)
-    assert _bindings_in_order(got)[3:] == order  # after storage, a, h
+    assert _bindings_in_order(got)[:3] == ["storage", "a", "copy(x->a)"]  # starts once a exists
+    assert _bindings_in_order(got)[3:] == order
 
 
 def _view_reader(make_view):
@@ -488,8 +484,8 @@ def view_outside_dst_sunk(x: R.Tensor((16,), "float32")) -> R.Tensor((16,), "flo
     storage = _storage()
     big = _alloc(storage, 0, n=64)
     a = _alloc(storage, 256)
-    inside = R.memory.view(big, R.shape([16]), R.dtype("float32"), R.prim_value(192))
     dma_copy(x, a)
+    inside = R.memory.view(big, R.shape([16]), R.dtype("float32"), R.prim_value(192))
     d = R.add(inside, inside)
     dma_wait(x, a)
     return d
@@ -497,46 +493,6 @@ def view_outside_dst_sunk(x: R.Tensor((16,), "float32")) -> R.Tensor((16,), "flo
 
 def test_a_memory_view_covers_only_its_own_bytes():
     assert_sinks_to(view_outside_dst, view_outside_dst_sunk)
-
-
-@R.function(pure=False)
-def outside_storage(x: R.Tensor((16,), "float32"), storage: R.Object) -> R.Tensor((16,), "float32"):
-    t = _alloc(storage, 0)
-    u = R.call_packed("make", x, ty_args=R.Tensor((16,), "float32"))
-    n = R.call_packed("count", t, ty_args=R.Prim("int64"))
-
-    @R.function
-    def local(p: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
-        q = R.add(p, p)
-        return q
-
-    return t
-
-
-def test_alias_facts_of_outside_memory_packed_results_and_local_parameters():
-    facts = {var.name: fact for var, fact in alias_facts(outside_storage).items()}
-    external = AliasFact(frozenset({Region(EXTERNAL)}))
-    assert facts["storage"] == facts["x"] == external
-    assert facts["t"] == external  # placed in a storage it did not allocate: may be x
-    assert facts["u"] == external  # x, or anything not allocated in the function
-    assert facts["n"] == AliasFact()  # an int holds no memory
-    assert facts["p"] == AliasFact(frozenset({Region(ANYTHING)}))  # may be given any tensor
-    assert facts["q"].may_alias(facts["q"]) and not facts["q"].may_alias(external)
-
-
-def test_alias_facts_of_storage_tensors_views_and_parameters():
-    facts = {var.name: fact for var, fact in alias_facts(view_outside_dst).items()}
-    (storage_region,) = facts["storage"].regions
-    root = storage_region.root
-    assert root.kind == "storage" and storage_region.start is None
-    assert facts["big"] == AliasFact(frozenset({Region(root, 0, 256)}))
-    assert facts["a"] == AliasFact(frozenset({Region(root, 256, 320)}))
-    assert facts["inside"] == AliasFact(frozenset({Region(root, 192, 256)}))
-    assert facts["x"] == AliasFact(frozenset({Region(EXTERNAL)}))
-    assert not facts["inside"].may_alias(facts["a"]) and facts["inside"].may_alias(facts["big"])
-    assert facts["storage"].may_alias(facts["a"])  # freeing the storage frees a
-    assert not facts["x"].may_alias(facts["a"])  # a parameter never lives in our storage
-    assert Region(ANYTHING).may_overlap(Region(Root("fresh", 7)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -561,8 +517,8 @@ def frees(x: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
 def frees_sunk(x: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
     storage = _storage()
     a = _alloc(storage, 0)
-    h = _alloc(storage, 64)
     dma_copy(x, a)
+    h = _alloc(storage, 64)
     c = R.add(x, x)
     R.memory.kill_tensor(h)
     dma_wait(x, a)
@@ -726,10 +682,10 @@ def src_read_then_written(x: R.Tensor((16,), "float32")) -> R.Tensor((16,), "flo
 def src_read_then_written_sunk(x: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
     storage = _storage()
     a = _alloc(storage, 0)
-    b = _alloc(storage, 64)
     dma_copy(x, a)
+    b = _alloc(storage, 64)
+    dma_copy(x, b)  # starts before c: reading x is no conflict
     c = R.add(x, x)
-    dma_copy(x, b)
     dma_wait(x, a, inflight=1)
     dma_wait(x, b)
     R.call_packed("fill_zero", x, ty_args=R.Tuple())
@@ -797,8 +753,8 @@ def parameters(x: R.Tensor((16,), "float32"), y: R.Tensor((16,), "float32")) -> 
 def parameters_sunk(x: R.Tensor((16,), "float32"), y: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
     storage = _storage()
     a = _alloc(storage, 0)
-    scratch = R.builtin.alloc_tensor(R.shape([16]), R.dtype("float32"), R.prim_value(0))
     dma_copy(x, a)
+    scratch = R.builtin.alloc_tensor(R.shape([16]), R.dtype("float32"), R.prim_value(0))
     R.call_packed("tick", ty_args=R.Tuple())
     R.call_packed("scribble", scratch, ty_args=R.Tuple())
     dma_wait(x, a)
@@ -941,9 +897,9 @@ class DestinationPassingSunk:
         storage = _storage()
         a = _alloc(storage, 0)
         s = R.builtin.alloc_tensor(R.shape([16]), R.dtype("float32"), R.prim_value(0))
-        t = R.builtin.alloc_tensor(R.shape([16]), R.dtype("float32"), R.prim_value(0))
         dma_copy(x, s)
-        dma_wait(x, s)
+        t = R.builtin.alloc_tensor(R.shape([16]), R.dtype("float32"), R.prim_value(0))
+        dma_wait(x, s)  # the next copy reads s
         dma_copy(s, a)
         cls.add_one(x, t)
         dma_wait(s, a)
@@ -980,10 +936,10 @@ def with_legacy(x: R.Tensor((16,), "float32"), y: R.Tensor((16,), "float32")) ->
 def with_legacy_sunk(x: R.Tensor((16,), "float32"), y: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
     storage = _storage()
     a = _alloc(storage, 0)
-    b = _alloc(storage, 64)
     dma_copy(x, a)
+    b = _alloc(storage, 64)
+    dma_wait(x, a)  # not below the legacy transfer of its queue, which stays as it was
     dma_copy(y, b)
-    dma_wait(x, a, inflight=1)  # not below the legacy wait of its queue, which stays put
     legacy_wait()
     c = R.add(x, y)
     return c
@@ -1095,27 +1051,39 @@ def test_anything_else_is_a_type_error():
 
 def test_overlap_report_of_sunk_and_unsunk_ir():
     mod = tvm.IRModule({"main": round_robin.with_attr("global_symbol", "main")})
-    assert overlap_report(mod) == [
-        TransferOverlap("main", 0, "x", "a", 0, 0),
-        TransferOverlap("main", 1, "y", "b", 0, 0),
-        TransferOverlap("main", 0, "x", "e", 0, 0),
-        TransferOverlap("main", 1, "y", "f", 0, 0),
+    before = overlap_report(mod)
+    assert [(t.queue, t.src, t.dst, t.overlapped, t.inflight) for t in before] == [
+        (0, "x", "a", 0, 0),
+        (1, "y", "b", 0, 0),
+        (0, "x", "e", 0, 0),
+        (1, "y", "f", 0, 0),
     ]
+    assert before[0].stopped_by == "the copy y -> b"  # a wait not moved: no reason to give
     assert overlap_report(sink_dma_waits(mod)) == [
-        TransferOverlap("main", 0, "x", "a", 3, 1),
-        TransferOverlap("main", 1, "y", "b", 3, 1),
-        TransferOverlap("main", 0, "x", "e", 4, 0),
-        TransferOverlap("main", 1, "y", "f", 4, 0),
+        TransferOverlap("main", 0, "x", "a", 3, 1, starts_after=_defines("a"), stopped_by=_reads("g")),
+        TransferOverlap("main", 1, "y", "b", 2, 1, starts_after=_defines("b"), stopped_by=_reads("g")),
+        TransferOverlap("main", 0, "x", "e", 2, 0, starts_after=_defines("e"), stopped_by=_reads("h")),
+        TransferOverlap("main", 1, "y", "f", 1, 0, starts_after=_defines("f"), stopped_by=_reads("h")),
     ]
+
+
+def _defines(dst: str) -> str:
+    return f"`{dst} = relax.vm.alloc_tensor` (defines dst)"
+
+
+def _reads(name: str) -> str:
+    return f"`{name} = relax.add` (reads dst)"
 
 
 def test_format_overlap_report():
     report = overlap_report(sink_dma_waits(two_copies))
     assert format_overlap_report(report) == "\n".join(
         [
-            "# DMA overlap: 2 transfers, 2 overlapping, 6 bindings overlapped in total",
-            "#   two_copies: x -> a on queue 0, 3 bindings overlapped (wait inflight 1)",
-            "#   two_copies: y -> b on queue 0, 3 bindings overlapped (wait inflight 0)",
+            "# DMA overlap: 2 transfers, 2 overlapping, 4 bindings of compute overlapped in total",
+            "#   two_copies: x -> a on queue 0, 2 bindings overlapped (wait inflight 1); "
+            f"starts after {_defines('a')}; waited before {_reads('d')}",
+            "#   two_copies: y -> b on queue 0, 2 bindings overlapped (wait inflight 0); "
+            f"starts after {_defines('b')}; waited before {_reads('e')}",
         ]
     )
 
@@ -1134,15 +1102,220 @@ def unwaited_and_legacy(x: R.Tensor((16,), "float32"), y: R.Tensor((16,), "float
 
 def test_report_pairs_legacy_waits_by_order_and_shows_copies_without_a_wait():
     report = overlap_report(unwaited_and_legacy)
-    assert report == [
-        TransferOverlap("unwaited_and_legacy", 2, "x", "a", 1, 0, legacy=True),
-        TransferOverlap("unwaited_and_legacy", 0, "y", "b", None, None),
+    assert [(t.queue, t.src, t.dst, t.overlapped, t.inflight, t.legacy) for t in report] == [
+        (2, "x", "a", 1, 0, True),
+        (0, "y", "b", None, None, False),
     ]
     assert format_overlap_report(report).splitlines() == [
-        "# DMA overlap: 2 transfers, 1 overlapping, 1 binding overlapped in total",
-        "#   unwaited_and_legacy: x -> a on queue 2, 1 binding overlapped (wait inflight 0, legacy wait)",
-        "#   unwaited_and_legacy: y -> b on queue 0, no wait in its block",
+        "# DMA overlap: 2 transfers, 1 overlapping, 1 binding of compute overlapped in total",
+        "#   unwaited_and_legacy: x -> a on queue 2, 1 binding overlapped (wait inflight 0, legacy wait); "
+        "starts after `b = relax.vm.alloc_tensor`; waited before the copy y -> b",
+        "#   unwaited_and_legacy: y -> b on queue 0, no wait in its block; starts after a legacy wait",
     ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Copies start as early as is safe; waits merge where nothing is lost
+# ---------------------------------------------------------------------------------------------
+
+
+@R.function(pure=False)
+def late_copies(x: R.Tensor((16,), "float32"), y: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
+    storage = _storage()
+    a = _alloc(storage, 0)
+    b = _alloc(storage, 64)
+    t = R.add(x, x)
+    R.call_packed("fill", y, ty_args=R.Tuple())
+    u = R.add(t, y)
+    dma_copy(x, a)
+    dma_wait(x, a)
+    dma_copy(y, b)
+    dma_wait(y, b)
+    v = R.add(a, b)
+    w = R.add(u, v)
+    return w
+
+
+@R.function(pure=False)
+def late_copies_hoisted(x: R.Tensor((16,), "float32"), y: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
+    storage = _storage()
+    a = _alloc(storage, 0)
+    b = _alloc(storage, 64)
+    t = R.add(x, x)  # reading a src is no reason to wait
+    # The packed call may write y, and x too (parameters may alias each other): both copies
+    # start right after it, the last write of their src.
+    R.call_packed("fill", y, ty_args=R.Tuple())
+    dma_copy(x, a)
+    dma_copy(y, b)
+    u = R.add(t, y)
+    dma_wait(y, b)  # completes x -> a too; a's own wait merged into it: x and a stay alive
+    v = R.add(a, b)
+    w = R.add(u, v)
+    return w
+
+
+def test_a_copy_starts_right_after_what_defines_its_tensors_and_the_last_write_of_src():
+    assert_sinks_to(late_copies, late_copies_hoisted)
+
+
+def _reused(other: int):
+    """a and h share a storage: h at byte ``other`` (a is [0, 64)); h is read before the copy."""
+
+    @R.function(pure=False)
+    def before(x: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
+        storage = _storage()
+        a = _alloc(storage, 0)
+        h = _alloc(storage, other)
+        d = R.add(h, h)
+        e = R.add(x, x)
+        dma_copy(x, a)
+        dma_wait(x, a)
+        f = R.add(a, d)
+        return f
+
+    return before
+
+
+@pytest.mark.parametrize(
+    "other, order",
+    [
+        (0, ["storage", "a", "h", "d", "copy(x->a)", "e", "wait(x->a, 0)", "f"]),  # a overwrites h
+        (64, ["storage", "a", "copy(x->a)", "h", "d", "e", "wait(x->a, 0)", "f"]),  # other bytes
+    ],
+    ids=["same-bytes", "other-bytes"],
+)
+def test_a_copy_never_starts_before_the_last_read_of_its_dst_bytes(other, order):
+    got = sink_dma_waits(_reused(other))
+    relax.analysis.well_formed(got)
+    assert _bindings_in_order(got) == order
+
+
+def _two_queues_or_one(second: int):
+    @R.function(pure=False)
+    def before(x: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
+        storage = _storage()
+        a = _alloc(storage, 0)
+        b = _alloc(storage, 64)
+        s = R.builtin.alloc_tensor(R.shape([16]), R.dtype("float32"), R.prim_value(0))
+        R.call_packed("fill", s, ty_args=R.Tuple())
+        dma_copy(s, a, queue=0)
+        dma_wait(s, a, queue=0)
+        dma_copy(x, b, queue=second)
+        dma_wait(x, b, queue=second)
+        c = R.add(a, b)
+        return c
+
+    return before
+
+
+@pytest.mark.parametrize(
+    "second, starts_after",
+    [(0, "copy(s->a)"), (1, "b")],
+    ids=["same-queue-keeps-order", "other-queue-passes"],
+)
+def test_a_copy_never_passes_an_earlier_copy_of_its_queue(second, starts_after):
+    got = sink_dma_waits(_two_queues_or_one(second))
+    order = _bindings_in_order(got)
+    assert order[order.index("copy(x->b)") - 1] == starts_after
+
+
+@R.function(pure=False)
+def dying_buffer(x: R.Tensor((16,), "float32"), y: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
+    storage = _storage()
+    a = _alloc(storage, 0)
+    b = _alloc(storage, 64)
+    dma_copy(x, a)
+    dma_wait(x, a)
+    dma_copy(y, b)
+    dma_wait(y, b)
+    c = R.add(b, b)
+    return c
+
+
+@R.function(pure=False)
+def dying_buffer_sunk(x: R.Tensor((16,), "float32"), y: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
+    storage = _storage()
+    a = _alloc(storage, 0)
+    dma_copy(x, a)
+    b = _alloc(storage, 64)
+    dma_copy(y, b)
+    # b's wait would complete a's transfer too, but nothing uses a later: its own wait stays,
+    # so that KillAfterLastUse cannot free a while the engine writes it.
+    dma_wait(x, a, inflight=1)
+    dma_wait(y, b)
+    c = R.add(b, b)
+    return c
+
+
+def test_a_wait_is_not_merged_when_its_buffer_would_die_before_the_merged_wait():
+    assert_sinks_to(dying_buffer, dying_buffer_sunk)
+
+
+@R.function(pure=False)
+def merged_then_read(x: R.Tensor((16,), "float32"), y: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
+    storage = _storage()
+    a = _alloc(storage, 0)
+    b = _alloc(storage, 64)
+    e = _alloc(storage, 128)
+    dma_copy(x, a)
+    dma_wait(x, a)
+    dma_copy(y, b)
+    dma_wait(y, b)
+    c = R.add(b, b)
+    dma_copy(a, e)
+    dma_wait(a, e)
+    d = R.add(c, e)
+    f = R.add(a, d)
+    return f
+
+
+@R.function(pure=False)
+def merged_then_read_sunk(x: R.Tensor((16,), "float32"), y: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
+    storage = _storage()
+    a = _alloc(storage, 0)
+    dma_copy(x, a)
+    b = _alloc(storage, 64)
+    dma_copy(y, b)
+    e = _alloc(storage, 128)
+    dma_wait(y, b)  # completes x -> a too: a's own wait merged into it
+    dma_copy(a, e)  # reads a: starts after the wait that completes x -> a, not before
+    c = R.add(b, b)
+    dma_wait(a, e)
+    d = R.add(c, e)
+    f = R.add(a, d)
+    return f
+
+
+def test_a_copy_reading_a_merged_transfers_dst_starts_after_the_wait_that_completes_it():
+    assert_sinks_to(merged_then_read, merged_then_read_sunk)
+
+
+def _copy_into_constant() -> tvm.IRModule:
+    """The issue's race: ``k = R.const(...)``; ``copy_tensor(x, k)``; a read of k."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([16], "float32"))
+    with bb.function("main", [x], pure=False):
+        k = bb.emit(relax.const(np.zeros(16, "float32")), "k")
+        bb.emit(copy_tensor(x, k))
+        z = bb.emit(relax.op.ones(relax.ShapeExpr([16]), "float32"), "z")  # touches nothing of k
+        d = bb.emit(relax.op.add(k, z), "d")
+        bb.emit_func_output(d)
+    return bb.get()
+
+
+def test_a_copy_into_a_constant_is_waited_for_before_the_constant_is_read():
+    mod = _copy_into_constant()
+    got = copy_to_dma(mod, overlap=True)
+    relax.analysis.well_formed(got)
+    (x,) = _inputs(mod["main"], seed=4)
+    expected, _ = _run(mod, [x], dma=False)
+    plain, _ = _run(copy_to_dma(mod), [x], dma=True)
+    overlapped, _ = _run(got, [x], dma=True)
+    np.testing.assert_array_equal(expected[0], x + 1)
+    np.testing.assert_array_equal(plain[0], x + 1)
+    np.testing.assert_array_equal(overlapped[0], x + 1)  # was NaN: k read before it landed
+    names = [b.var.name if _builtin(b) is None else _builtin(b).rsplit(".", 1)[1] for b in got["main"].body.blocks[0].bindings]
+    assert names == ["k", "dma_copy", "z", "dma_wait", "d"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1246,6 +1419,33 @@ def test_two_queues_run_with_two_in_flight_on_each():
 # ---------------------------------------------------------------------------------------------
 
 
+def _assert_waits_exact(func: relax.Function) -> None:
+    """Each five-argument wait, run as the engine runs it (per queue, oldest first), completes
+    its own transfer's last ``dma_copy`` and nothing issued after it: its inflight count is
+    neither too high (a race) nor too low (a needless stall)."""
+    for block in func.body.blocks:
+        views = {}
+        fifo: dict[int, list] = {}
+        for binding in block.bindings:
+            value = binding.value
+            if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name == "relax.memory.view":
+                views[binding.var] = value.args[0]
+            name = _builtin(binding)
+            if name is None:
+                continue
+            fields = list(binding.value.args[1].fields)
+            if name == DMA_COPY:
+                src, dst = (views.get(f, f) for f in fields[:2])
+                fifo.setdefault(int(fields[2]), []).append((src, dst))
+            elif len(fields) == 5:
+                queue, inflight = int(fields[0]), int(fields[1])
+                pending = fifo.get(queue, [])
+                assert len(pending) > inflight, "a wait that completes nothing"
+                last = pending[len(pending) - inflight - 1]
+                assert last[0].same_as(fields[3]) and last[1].same_as(fields[4]), "inflight_dma not exact"
+                del pending[: len(pending) - inflight]
+
+
 def test_sinking_generated_lowered_functions_keeps_their_results():
     peaks: list[int] = []
     generated = lowered_copy_functions(max_copies=8, max_storages=2, legalize=False) | lowered_copy_functions(
@@ -1261,6 +1461,7 @@ def test_sinking_generated_lowered_functions_keeps_their_results():
         inputs = _inputs(mod["main"], seed=0)
         expected, _ = _run(mod, inputs, dma=False)
         got, engine = _run(sunk, inputs, dma=True)  # nothing in flight at exit, else DMAError
+        _assert_waits_exact(sunk["main"])
         assert len(got) == len(expected)
         for g, e in zip(got, expected):
             np.testing.assert_array_equal(g, e)
@@ -1288,10 +1489,14 @@ def waits_out_of_order(x: R.Tensor((16,), "float32"), y: R.Tensor((16,), "float3
     return d
 
 
-def test_report_pairs_a_wait_with_the_oldest_unpaired_copy_of_the_same_transfer():
-    # The first wait names y -> b, the second copy: the pairing skips x -> a, still unpaired.
-    assert overlap_report(waits_out_of_order) == [
-        TransferOverlap("waits_out_of_order", 0, "x", "a", 3, 0),
-        TransferOverlap("waits_out_of_order", 0, "y", "b", 1, 1),
-        TransferOverlap("waits_out_of_order", 0, "x", "b", 0, 0),
+def test_the_report_completes_transfers_as_the_engine_does_oldest_first():
+    # The first wait names y -> b, but with inflight 1 it completes x -> a, the oldest
+    # transfer of its queue; the second completes y -> b.  Both are another's wait: merged.
+    report = overlap_report(waits_out_of_order)
+    assert [(t.src, t.dst, t.overlapped, t.inflight, t.merged) for t in report] == [
+        ("x", "a", 1, 1, True),
+        ("y", "b", 1, 0, True),
+        ("x", "b", 0, 0, False),
     ]
+    assert report[0].stopped_by == "`d = relax.add` (waits with a later transfer of queue 0)"
+    assert report[2].stopped_by == "the end of its block"

@@ -10,7 +10,8 @@ The model of the DMA engine:
 
 - each queue is a FIFO of transfers; ``dma_copy`` checks its arguments as the
   real builtin and engine do (equal, non-zero byte sizes of at most 2**24 - 1,
-  queue id below 10) and enqueues the transfer **without** writing ``dst``:
+  a user queue 0 to 8: the runtime keeps queue 9 for its own synchronous
+  copies) and enqueues the transfer **without** writing ``dst``:
   instead it fills ``dst`` with ``0xFF`` bytes (NaN for floats, -1 for signed
   integers), so reading ``dst`` before the wait that covers the transfer gives
   visibly wrong data;
@@ -19,6 +20,10 @@ The model of the DMA engine:
   The data is read from ``src`` at completion, not at ``dma_copy``: the real
   engine reads ``src`` asynchronously, so a write to ``src`` while the transfer
   is in flight is a bug, and this makes it show up as a wrong result;
+- all queues share one ring of 100 descriptors: a ``dma_copy`` that finds it
+  full completes the oldest transfer in flight (on any queue), as the engine
+  eventually would while the real builtin spins, and counts the stall in
+  :attr:`CPUDMA.ring_stalls`;
 - leaving the context with transfers in flight raises :class:`DMAError`
   naming them (unless the context is left because of another exception, which
   then propagates unchanged).
@@ -51,12 +56,25 @@ import tvm_ffi
 
 from .dma import DMA_COPY, DMA_WAIT
 
-__all__ = ["CPUDMA", "DMAError", "Transfer", "cpu_dma", "MAX_DMA_LENGTH", "MAX_DMA_QUEUES"]
+__all__ = [
+    "CPUDMA",
+    "DMAError",
+    "Transfer",
+    "cpu_dma",
+    "MAX_DMA_LENGTH",
+    "MAX_DMA_QUEUES",
+    "MAX_DMA_DESCRIPTORS",
+    "SYNC_DMA_QUEUE",
+]
 
 #: Queues of the Hexagon user DMA engine (hexagon_user_dma.h); ids must be below this.
 MAX_DMA_QUEUES = 10
+#: The queue the runtime keeps for its own synchronous copies (SYNC_DMA_QUEUE).
+SYNC_DMA_QUEUE = MAX_DMA_QUEUES - 1
 #: A descriptor's length field has 24 bits (DESC_LENGTH_MASK).
 MAX_DMA_LENGTH = 0x00FFFFFF
+#: The descriptors of the ring all queues share (MAX_DMA_DESCRIPTORS).
+MAX_DMA_DESCRIPTORS = 100
 
 # C++ copy that checks equal byte sizes and honours each tensor's byte_offset.
 _copy_from_to = tvm_ffi.get_global_func("runtime.TVMTensorCopyFromTo")
@@ -140,7 +158,11 @@ class CPUDMA:
     peak_in_flight : dict[int, int]
         Per queue, the most transfers in flight at once.
     peak_in_flight_total : int
-        The most transfers in flight at once over all queues.
+        The most transfers in flight at once over all queues (at most
+        ``MAX_DMA_DESCRIPTORS``).
+    ring_stalls : int
+        ``dma_copy`` calls that found the descriptor ring full and completed
+        the oldest transfer first.
 
     Counters are reset when the context is entered and stay readable after it
     is left.
@@ -163,6 +185,8 @@ class CPUDMA:
         self.bytes_copied = 0
         self.peak_in_flight: dict[int, int] = {}
         self.peak_in_flight_total = 0
+        self.ring_stalls = 0
+        self._in_flight_total = 0
 
     # -- inspection --------------------------------------------------------------------
 
@@ -182,12 +206,12 @@ class CPUDMA:
         Returns
         -------
         summary : str
-            ``copies=N waits=N (legacy N) completed=N bytes=N peak_in_flight={queue: N}
+            ``copies=N waits=N (legacy N) completed=N bytes=N ring_stalls=N peak_in_flight={queue: N}
             in_flight={queue: N}``.
         """
         return (
             f"copies={self.copies} waits={self.waits} (legacy {self.legacy_waits}) "
-            f"completed={self.completed} bytes={self.bytes_copied} "
+            f"completed={self.completed} bytes={self.bytes_copied} ring_stalls={self.ring_stalls} "
             f"peak_in_flight={dict(sorted(self.peak_in_flight.items()))} in_flight={self.in_flight}"
         )
 
@@ -244,8 +268,11 @@ class CPUDMA:
 
     def _queue(self, builtin: str, value: Any) -> int:
         queue = _int_arg(builtin, "queue_id", value)
-        if not 0 <= queue < MAX_DMA_QUEUES:
-            raise DMAError(f"{builtin}: queue_id {queue} out of range [0, {MAX_DMA_QUEUES})")
+        if not 0 <= queue < SYNC_DMA_QUEUE:
+            raise DMAError(
+                f"{builtin}: queue_id {queue} is not a user queue: user queues are 0..{SYNC_DMA_QUEUE - 1}, "
+                f"queue {SYNC_DMA_QUEUE} is the runtime's own"
+            )
         return queue
 
     def _dma_copy(self, _ctx: Any, *args: Any) -> None:
@@ -266,18 +293,28 @@ class CPUDMA:
         if src_bytes == 0:
             raise DMAError(f"dma_copy: empty transfer (src {_describe(src)})")
         if src_bytes > MAX_DMA_LENGTH:
-            raise DMAError(f"dma_copy: {src_bytes} bytes exceed a descriptor's {MAX_DMA_LENGTH}")
+            raise DMAError(
+                f"dma_copy: {src_bytes} bytes exceed a descriptor's {MAX_DMA_LENGTH} (2**24 - 1); "
+                "split the copy (copy_to_dma does)"
+            )
         if src.device == dst.device and abs(src.data_ptr() - dst.data_ptr()) < src_bytes:
             # Poisoning dst would destroy src; on the engine the result is undefined.
             raise DMAError(f"dma_copy: src {_describe(src)} and dst {_describe(dst)} overlap")
+        if self._in_flight_total == MAX_DMA_DESCRIPTORS:
+            # The real builtin spins until the engine frees a descriptor; the engine works
+            # through its chain in order, so the oldest transfer is the one that frees it.
+            self.ring_stalls += 1
+            oldest = min((fifo[0] for fifo in self._queues.values() if fifo), key=lambda t: t.index)
+            self._complete(self._queues[oldest.queue])
         transfer = Transfer(self.copies, queue, src, dst, src_bytes)
         poison = tvm.runtime.tensor(np.full(dst_bytes, 0xFF, dtype=np.uint8), device=dst.device)
         _copy_from_to(poison, dst)
         fifo = self._queues.setdefault(queue, deque())
         fifo.append(transfer)
         self.copies += 1
+        self._in_flight_total += 1
         self.peak_in_flight[queue] = max(self.peak_in_flight.get(queue, 0), len(fifo))
-        self.peak_in_flight_total = max(self.peak_in_flight_total, len(self.pending))
+        self.peak_in_flight_total = max(self.peak_in_flight_total, self._in_flight_total)
 
     def _dma_wait(self, _ctx: Any, *args: Any) -> None:
         """``dma_wait(ctx, queue_id, inflight_dma, bypass_cache, src, dst)``, or the legacy
@@ -301,10 +338,14 @@ class CPUDMA:
         self.waits += 1
         fifo = self._queues.get(queue, deque())
         while len(fifo) > inflight:
-            transfer = fifo.popleft()
-            _copy_from_to(transfer.src, transfer.dst)  # src as it is now: see the module doc
-            self.completed += 1
-            self.bytes_copied += transfer.nbytes
+            self._complete(fifo)
+
+    def _complete(self, fifo: deque[Transfer]) -> None:
+        transfer = fifo.popleft()
+        _copy_from_to(transfer.src, transfer.dst)  # src as it is now: see the module doc
+        self.completed += 1
+        self.bytes_copied += transfer.nbytes
+        self._in_flight_total -= 1
 
 
 def cpu_dma() -> CPUDMA:

@@ -15,16 +15,26 @@ from __future__ import annotations
 
 import functools
 import itertools
+from dataclasses import dataclass
 from collections.abc import Callable, Iterator
 
 import tvm
 from tvm import relax
 from tvm.relax.dpl import DFPattern, is_op, wildcard
 
-from .. import ops
+from .. import _ir, ops
 from ..rewrite import rewrite_call
 
-__all__ = ["CopyToDMA", "copy_tensor_pattern", "copy_to_dma", "DMA_COPY", "DMA_WAIT"]
+__all__ = [
+    "CHUNK_BYTES",
+    "CopyToDMA",
+    "DMA_COPY",
+    "DMA_WAIT",
+    "MAX_DESCRIPTOR_BYTES",
+    "USER_QUEUES",
+    "copy_tensor_pattern",
+    "copy_to_dma",
+]
 
 DMA_COPY = "vm.builtin.hexagon.dma_copy"
 DMA_WAIT = "vm.builtin.hexagon.dma_wait"
@@ -67,25 +77,148 @@ def _builtin(name: str, args: list[relax.Expr]) -> relax.Call:
     return relax.op.call_builtin_with_ctx(_extern(name), relax.Tuple(args), ty_args=[_VOID])
 
 
+#: User queues of the engine: the runtime keeps queue 9 (``SYNC_DMA_QUEUE``) for its own
+#: synchronous copies (``hexagon_user_dma.h``: ``MAX_DMA_QUEUES`` 10).
+USER_QUEUES = range(0, 9)
+#: A descriptor's 24-bit length field: the most bytes one ``dma_copy`` may move.
+MAX_DESCRIPTOR_BYTES = (1 << 24) - 1
+#: Bytes per chunk of a larger copy: the largest multiple of 64 that fits a descriptor, so
+#: every chunk keeps the 64-byte alignment of its tensor.
+CHUNK_BYTES = MAX_DESCRIPTOR_BYTES - MAX_DESCRIPTOR_BYTES % 64
+
+
+def _copy_nbytes(src: relax.Expr, dst: relax.Expr) -> int | None:
+    """The bytes a copy moves when either side's type fixes them, else None."""
+    for side in (src, dst):
+        nbytes = _ir.static_nbytes(side.ty)
+        if nbytes is not None:
+            return nbytes
+    return None
+
+
+def _chunk_views(
+    builder: relax.BlockBuilder, tensor: relax.Expr, nbytes: int
+) -> list[relax.Expr]:
+    """Flat ``uint8`` views of ``tensor``, ``CHUNK_BYTES`` each (the last one shorter)."""
+    views = []
+    for offset in range(0, nbytes, CHUNK_BYTES):
+        size = min(CHUNK_BYTES, nbytes - offset)
+        view = relax.op.memory.view(tensor, relax.ShapeExpr([size]), "uint8", _imm(offset))
+        views.append(builder.emit(view))
+    return views
+
+
+@dataclass(slots=True)
+class _DMA:
+    """A DMA builtin's arguments; ``fields`` when read from IR (kept to rebuild a wait)."""
+
+    queue: int | None
+    bypass: int | None
+    src: relax.Expr | None
+    dst: relax.Expr | None
+    inflight: int | None = 0
+    fields: list | None = None
+
+
+def _vars(*exprs: relax.Expr) -> tuple:
+    return tuple(e for e in exprs if isinstance(e, relax.Var))
+
+
 def _dma_rewriter(
-    queues: Iterator[int], bypass_cache: bool, legacy_wait: bool
-) -> Callable[[relax.Expr, dict, relax.BlockBuilder], relax.Expr]:
+    queues: Iterator[int], bypass_cache: bool, legacy_wait: bool, dropped: list[relax.Expr], known: dict | None
+) -> Callable[[relax.Expr, dict, relax.BlockBuilder], relax.Expr | None]:
     """The rewriter for :func:`copy_tensor_pattern`, the example to read."""
 
-    def copy_to_dma_rewriter(orig: relax.Expr, matchings: dict, builder: relax.BlockBuilder) -> relax.Expr:
+    def copy_to_dma_rewriter(orig: relax.Expr, matchings: dict, builder: relax.BlockBuilder) -> relax.Expr | None:
         # Vars, not their values: dst is the `a` of `a = R.vm.alloc_tensor(...)`.
         src, dst = matchings[_SRC], matchings[_DST]
+        nbytes = _copy_nbytes(src, dst)
+        if nbytes is None:
+            # A symbolic size may exceed a descriptor, and a split needs static offsets:
+            # declining keeps the synchronous copy, which is right for every size.
+            return None
+        if nbytes == 0:
+            nothing = relax.Tuple([])  # dropped below: a copy of nothing is no binding
+            dropped.append(nothing)
+            return nothing
         queue = next(queues)
-        # Start the transfer: a void binding emitted just before the rewritten one.
-        builder.emit(_builtin(DMA_COPY, [src, dst, _imm(queue), _imm(bypass_cache)]))
+        if known is not None and isinstance(dst, relax.Var):
+            known[dst.__chandle__()] = nbytes  # spares the overlap pass reading dst's allocation
+        pairs = [(src, dst)]
+        if nbytes > MAX_DESCRIPTOR_BYTES:
+            # One descriptor carries at most 2**24 - 1 bytes: one dma_copy per chunk, all on
+            # one queue, covered by the single wait below.
+            pairs = list(zip(_chunk_views(builder, src, nbytes), _chunk_views(builder, dst, nbytes)))
+        for part_src, part_dst in pairs:
+            # Start the transfer: a void binding emitted just before the rewritten one.
+            copy = _builtin(DMA_COPY, [part_src, part_dst, _imm(queue), _imm(bypass_cache)])
+            builder.emit(copy)
+            if known is not None:
+                uses = _vars(part_src, part_dst)
+                known[copy.__chandle__()] = ("copy", _DMA(queue, int(bypass_cache), part_src, part_dst), uses)
         if legacy_wait:  # runtimes older than apache/tvm#16706
-            return _builtin(DMA_WAIT, [_imm(queue), _imm(0)])
+            wait = _builtin(DMA_WAIT, [_imm(queue), _imm(0)])
+            if known is not None:
+                known[wait.__chandle__()] = ("wait", _DMA(queue, None, None, None), ())
+            return wait
         # The wait replaces the copy.  inflight_dma=0: return once nothing is in flight on
         # this queue, so this copy has landed.  src and dst ride along so that
         # KillAfterLastUse cannot free them while the engine still reads or writes them.
-        return _builtin(DMA_WAIT, [_imm(queue), _imm(0), _imm(bypass_cache), src, dst])
+        wait = _builtin(DMA_WAIT, [_imm(queue), _imm(0), _imm(bypass_cache), src, dst])
+        if known is not None:
+            # What the overlap pass would read back, so it need not: reading IR fields costs
+            # far more than the scheduling itself.
+            known[wait.__chandle__()] = ("wait", _DMA(queue, int(bypass_cache), src, dst), _vars(src, dst))
+        return wait
 
     return copy_to_dma_rewriter
+
+
+def _check_queues(queue_id: int, num_queues: int) -> None:
+    if num_queues < 1:
+        raise ValueError(f"num_queues must be at least 1, got {num_queues}")
+    last = queue_id + num_queues - 1
+    if queue_id not in USER_QUEUES or last not in USER_QUEUES:
+        used = f"queue {queue_id}" if num_queues == 1 else f"queues {queue_id}..{last}"
+        raise ValueError(
+            f"copy_to_dma: {used} outside the user DMA queues 0..8 (the runtime keeps queue 9 for "
+            "its own synchronous copies); pick queue_id and num_queues so that "
+            "0 <= queue_id and queue_id + num_queues - 1 <= 8"
+        )
+
+
+def _drop_bindings_of(target: relax.Function | tvm.IRModule, values: list[relax.Expr]):
+    """Remove the unused bindings whose value is one of ``values`` (by identity)."""
+    wanted = set(values)
+
+    def dead_vars(func: relax.Function) -> list[relax.Var]:
+        found = []
+        for binding in _bindings_under(func):
+            if binding.value in wanted:
+                found.append(binding.var)
+        return found
+
+    if isinstance(target, relax.Function):
+        return _ir.drop_unused_bindings(target, dead_vars(target))
+    functions = {}
+    for gvar, func in target.functions_items():
+        if isinstance(func, relax.Function):
+            func = _ir.drop_unused_bindings(func, dead_vars(func))
+        functions[gvar] = func
+    return tvm.IRModule(functions, attrs=target.attrs, global_infos=target.global_infos)
+
+
+def _bindings_under(expr: relax.Expr) -> Iterator[relax.Binding]:
+    if isinstance(expr, relax.Function):
+        yield from _bindings_under(expr.body)
+    elif isinstance(expr, relax.If):
+        yield from _bindings_under(expr.true_branch)
+        yield from _bindings_under(expr.false_branch)
+    elif isinstance(expr, relax.SeqExpr):
+        for block in expr.blocks:
+            for binding in _ir.bindings_of(block):
+                yield binding
+                yield from _bindings_under(binding.value)
 
 
 def copy_to_dma(
@@ -106,26 +239,49 @@ def copy_to_dma(
         function or a DataflowBlock is reported by
         :class:`rewrite_ext.RewriteError`: the DMA builtins are impure.
     queue_id : int
-        The DMA queue the transfers go to.
+        The DMA queue the transfers go to: a user queue, 0 to 8 (the
+        runtime keeps queue 9 for its own synchronous copies).
     bypass_cache : bool
         Passed to both builtins (Hexagon's ``bypass_cache``).
     legacy_wait : bool
         Emit the two-argument ``dma_wait(queue_id, 0)`` of runtimes older
         than apache/tvm#16706, which does not carry src and dst.
     overlap : bool
-        Move each wait down to just before the first later binding of its
-        block that conflicts with the transfer, with the ``inflight_dma``
-        that waits for exactly that transfer, so compute overlaps the copy
-        (see :func:`rewrite_ext.hexagon.overlap.sink_dma_waits`).
+        Schedule each block so compute overlaps the transfers: each
+        ``dma_copy`` starts just after the last binding it depends on, each
+        wait lands just before the first binding that conflicts with its
+        transfer, with the exact ``inflight_dma``, and waits a later wait of
+        their queue covers merge into it where no buffer dies early (see
+        :func:`rewrite_ext.hexagon.overlap.sink_dma_waits`).
     num_queues : int
         Spread the transfers round-robin over queue ids ``queue_id`` to
-        ``queue_id + num_queues - 1`` so independent transfers can run side
-        by side; inflight counts stay per queue.
+        ``queue_id + num_queues - 1`` (all of them user queues) so
+        independent transfers can run side by side; inflight counts stay
+        per queue.
 
     Returns
     -------
     result : Union[relax.Function, tvm.IRModule]
         The rewritten function or a new module.
+
+    Raises
+    ------
+    ValueError
+        When ``queue_id`` or ``num_queues`` names a queue outside 0..8, or
+        ``num_queues < 1``.
+
+    Notes
+    -----
+    The engine's limits, checked when the rewrite is made:
+
+    - A descriptor moves at most ``2**24 - 1`` bytes.  A larger copy of
+      static size becomes one ``dma_copy`` per chunk of ``CHUNK_BYTES``
+      (``2**24 - 64``), between flat ``uint8`` ``R.memory.view`` s of src and
+      dst at the chunk's byte offset, all on one queue, followed by a single
+      wait on the whole src and dst.
+    - A copy of zero bytes (the builtin refuses one) is removed.
+    - A copy whose byte size is not static is left as ``R.vm.copy_tensor``,
+      a synchronous copy that is right for every size.
 
     Examples
     --------
@@ -140,16 +296,20 @@ def copy_to_dma(
         R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", (x, a, 0, 1), ty_args=(R.Tuple,))
         R.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", (0, 0, 1, x, a), ty_args=(R.Tuple,))
     """
-    if num_queues < 1:
-        raise ValueError(f"num_queues must be at least 1, got {num_queues}")
+    _check_queues(queue_id, num_queues)
     queues = itertools.cycle(range(queue_id, queue_id + num_queues))
-    rewriter = _dma_rewriter(queues, bypass_cache, legacy_wait)
-    # The output holds no copy_tensor, so one pass (and the confirming scan) suffices.
+    dropped: list[relax.Expr] = []
+    known: dict | None = {} if overlap else None
+    rewriter = _dma_rewriter(queues, bypass_cache, legacy_wait, dropped, known)
+    # The output holds no copy_tensor it can rewrite, so one pass (and the confirming scan)
+    # suffices.
     result = rewrite_call(copy_tensor_pattern(), rewriter, target, max_iterations=1)
+    if dropped:
+        result = _drop_bindings_of(result, dropped)
     if overlap:
-        from .overlap import sink_dma_waits
+        from .overlap import _schedule
 
-        result = sink_dma_waits(result)
+        result = _schedule(result, known, check=False)
     return result
 
 
@@ -173,6 +333,8 @@ def CopyToDMA(  # noqa: N802 - TVM names passes in CamelCase
     pass : tvm.ir.transform.Pass
         A module pass named ``CopyToDMA``.
     """
+
+    _check_queues(queue_id, num_queues)  # when the pass is made, not when it first runs
 
     def transform(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         return copy_to_dma(

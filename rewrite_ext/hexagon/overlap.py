@@ -1,61 +1,63 @@
-"""Async overlap: sink each Hexagon ``dma_wait`` to the first binding that needs it.
+"""Async overlap: start each Hexagon DMA transfer early and wait for it late, where it is safe.
 
 :func:`~rewrite_ext.hexagon.copy_to_dma` puts every ``dma_wait`` right after its
 ``dma_copy`` with ``inflight_dma=0``: correct, but the engine never works while
-the core computes.  :func:`sink_dma_waits` is a post-pass over that IR: each
-``dma_copy`` stays where it is and its ``dma_wait`` moves down its block to just
-before the first binding that conflicts with the transfer, with ``inflight_dma``
-set so that the wait completes its own transfer and no more.
+the core computes.  :func:`sink_dma_waits` reschedules each block of that IR in
+one forward pass:
 
-The rules (see also ``docs/hexagon-overlap-notes.md``):
-
+Transfers
+    A transfer is the ``dma_copy`` bindings (one, or one per chunk with the
+    ``R.memory.view`` s that feed them) on one queue, followed by the
+    five-argument ``dma_wait(queue, 0, bypass_cache, src, dst)`` on their whole
+    src and dst.  Its ``dma_copy`` s move up to just after the last binding the
+    transfer depends on: what defines src and dst, the last write of memory
+    that may alias src, the last read or write of memory that may alias dst,
+    the wait of an earlier transfer it conflicts with, and the previous
+    transfer of its queue (so each queue keeps program order).  Its wait moves
+    down to just before the first binding that conflicts with it, or to the
+    end of the block.  Nothing leaves its block; compute keeps its order.
 Conflicts
-    A later binding of the same block conflicts with a transfer ``src -> dst``
-    when it writes anything that may alias ``src``, reads or writes anything
-    that may alias ``dst``, frees any of them or their storage, or is an If (or
-    another nested SeqExpr, or a local function) that uses any of them.  Reading
-    ``src`` is not a conflict.  Without a conflict the wait goes to the end of
-    its block.  A wait never leaves its block.
+    A binding conflicts with a transfer ``src -> dst`` in flight when it writes
+    memory that may alias src, or reads or writes memory that may alias dst.
+    Reading src is fine.  Another transfer reads its src and writes its dst.
+Waits
+    A wait completes every older transfer of its queue too (FIFO), so the
+    waits of one queue come in issue order: a conflict with a transfer also
+    waits, right before, for the older transfers of its queue.  Of such a run
+    of waits only the last is needed to synchronize; an earlier one is dropped
+    (merged into it) when its src and dst stay alive past the run anyway (they
+    are the last wait's, or a later binding uses them), since a wait's src and
+    dst are what keeps ``KillAfterLastUse`` from freeing them early.
+    ``inflight_dma`` of a wait is the number of ``dma_copy`` s of its queue
+    issued after its transfer's last one: exact, as waits come in FIFO order.
 Reads and writes
-    A call of an operator whose ``FPurity`` is true reads its arguments and
-    writes none; allocations (``alloc_tensor`` in a storage) read nothing.
-    Any other call (impure operators, ``kill_*``, packed calls, a lowered
-    ``call_tir`` of a PrimFunc, a Relax function) may read and write every
-    argument, through tuples, and a called local function also what it
-    captures.  Another ``dma_copy`` reads its src and writes its dst; a
-    ``dma_wait`` touches nothing.  A called function is assumed to touch only
-    what it is passed (and, for a closure, what it captures).
-Results
-    A pure operator returns a fresh tensor, except the views ``reshape``,
-    ``R.memory.view`` and ``R.memory.ensure_zero_offset``, which alias their
-    input.  Making a view counts as reading its input: outside dataflow blocks
-    ``R.reshape`` is legalized to a copying ``call_tir``.  Packed, in-place and impure calls may return any argument or
-    anything not allocated in the function.
+    An operator whose ``FPurity`` is true reads its arguments (a view, too:
+    ``R.reshape`` is legalized to a copy outside dataflow) and writes none;
+    allocations touch nothing; any other call (impure or in-place operators,
+    ``kill_*``, packed calls, a lowered ``call_tir``, a closure) reads and
+    writes its arguments, and a called closure what it captures.  An If or a
+    local function touches whatever it uses, inside too.
 Aliasing
-    Tensors alias when they come from the same storage with byte ranges that
-    overlap or are not constant, or when one is a view of the other.  A
-    parameter may alias any other parameter and anything not allocated in the
-    function, never a tensor placed in a storage the function allocates.
-Inflight counts and order
-    ``inflight_dma`` of a wait is the number of transfers on its queue issued
-    after its own and not yet waited for (FIFO per queue).  Waits landing at
-    the same point come in issue order, and a wait never moves below a later
-    transfer's wait on the same queue (that wait completes it anyway, FIFO),
-    so every wait is the first to complete its transfer.
-What is left alone
-    A block is rewritten only when each of its DMA builtins is a ``dma_copy``
-    immediately followed by its ``dma_wait`` with ``inflight_dma=0``.  Legacy
-    two-argument waits ``dma_wait(queue, 0)`` stay next to their copy (they do
-    not carry src and dst, so moving them would let ``KillAfterLastUse`` free
-    the buffers while the engine uses them), as do waits whose var is used;
-    they still count in the inflight arithmetic and bound other waits of their
-    queue.  Any other arrangement (e.g. already sunk waits) leaves the block
-    unchanged, which makes the pass idempotent.
+    Memory is a root (an ``alloc_storage`` of the function, the result of a
+    pure operator, memory not allocated in the function, or, for a local
+    function's parameters, anything) and a byte range in it when constant.
+    Parameters, constants and what packed calls return are the one root
+    "external": they may alias each other.  ``alloc_tensor`` places a range in
+    its storage; views keep their input's root.
+Left alone
+    A block holding another arrangement of DMA builtins (a copy without its
+    wait, waits already moved, a non-zero ``inflight_dma``) is left as it is,
+    which makes the pass idempotent.  Legacy two-argument waits and waits whose
+    var is used stay with their copies; they bound their queue's other waits.
 """
 
 from __future__ import annotations
 
+import bisect
+import contextlib
 import functools
+import gc
+import inspect
 import itertools
 from collections import defaultdict, deque
 from collections.abc import Iterable, Iterator
@@ -64,535 +66,671 @@ from dataclasses import dataclass
 import tvm
 import tvm_ffi
 from tvm import relax
-from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from .. import _ir
-from .dma import DMA_COPY, DMA_WAIT
+from .dma import _DMA, DMA_COPY, DMA_WAIT, _extern, _imm
 
-__all__ = [
-    "ANYTHING",
-    "EXTERNAL",
-    "AliasFact",
-    "Region",
-    "Root",
-    "alias_facts",
-    "TransferOverlap",
-    "format_overlap_report",
-    "overlap_report",
-    "sink_dma_waits",
-]
+__all__ = ["TransferOverlap", "format_overlap_report", "overlap_report", "sink_dma_waits"]
 
-_BUILTIN_WITH_CTX = "relax.call_builtin_with_ctx"
-_ALLOC_STORAGE_OPS = frozenset({"relax.vm.alloc_storage", "relax.memory.alloc_storage"})
-_ALLOC_TENSOR_OPS = frozenset({"relax.vm.alloc_tensor", "relax.memory.alloc_tensor"})
-# Results alias the first argument over the same bytes.  The last three are identities
-# that do not survive to lowered code but would alias their input if they did.
-_SAME_RANGE_VIEW_OPS = frozenset(
-    {
-        "relax.reshape",
-        "relax.memory.ensure_zero_offset",
-        "relax.hint_on_device",
-        "relax.to_vdevice",
-        "relax.builtin.stop_lift_params",
-    }
-)
-_MEMORY_VIEW_OP = "relax.memory.view"
-# FPurity is true, but the result may be (part of) an argument or something external.
-_ALIASING_PURE_OPS = frozenset({"relax.call_pure_packed", "relax.invoke_pure_closure", "relax.make_closure"})
-# FPurity is true because their in-place arguments must be dead afterwards; they still
-# write those arguments, so they are treated like impure calls.
-_IN_PLACE_OPS = frozenset({"relax.call_tir_inplace", "relax.call_inplace_packed"})
+_CALL_BUILTIN = tvm.ir.Op.get("relax.call_builtin_with_ctx")
+# TVM 0.27's registered constructors, (ret_ty, op, args, attrs, ty_args, span) and
+# (fields, span): relax.Call's Python __init__ costs 4x the node.  Elsewhere: the classes.
+_MAKE_CALL = tvm_ffi.get_global_func("ir.Call", allow_missing=True)
+_MAKE_TUPLE = tvm_ffi.get_global_func("ir.Tuple", allow_missing=True)
+if "ret_ty" not in inspect.signature(relax.Call.__init__).parameters:
+    _MAKE_CALL = None
+_CONSTANT = getattr(relax, "Constant", None) or tvm.ir.expr.Constant  # moved to tvm.ir in 0.27
+_EXTERNAL, _ANYTHING = 0, -1  # roots; allocations get 1, 2, ...
+_NOTHING: tuple = ()
+_OUT = (_EXTERNAL, None, None)
+_ANY = ((_ANYTHING, None, None),)
+_INF = float("inf")
+
+_SAME_RANGE_VIEWS = {
+    "relax.reshape",
+    "relax.memory.ensure_zero_offset",
+    "relax.hint_on_device",
+    "relax.to_vdevice",
+    "relax.builtin.stop_lift_params",
+}
+# FPurity is true, yet they write in place or may return (part of) an argument.
+_NOT_PLAINLY_PURE = {
+    "relax.call_tir_inplace",
+    "relax.call_inplace_packed",
+    "relax.call_pure_packed",
+    "relax.invoke_pure_closure",
+    "relax.make_closure",
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _op_kind(name: str) -> str:
+    if name in ("relax.vm.alloc_storage", "relax.memory.alloc_storage"):
+        return "storage"
+    if name in ("relax.vm.alloc_tensor", "relax.memory.alloc_tensor"):
+        return "tensor"
+    if name == "relax.memory.view":
+        return "view"
+    if name in _SAME_RANGE_VIEWS:
+        return "same"
+    if name == "relax.call_builtin_with_ctx":
+        return "builtin"
+    if name not in _NOT_PLAINLY_PURE and tvm.ir.Op.get(name).get_attr("FPurity"):
+        return "pure"
+    return "impure"
+
+
+_KINDS: dict = {}  # Op -> kind; Ops are registry singletons, hashed by handle
+
+
+def _kind(op: object) -> str:
+    kind = _KINDS.get(op)
+    if kind is None:
+        kind = _op_kind(str(op.name)) if isinstance(op, tvm.ir.Op) else "impure"
+        if isinstance(op, tvm.ir.Op):
+            _KINDS[op] = kind
+    return kind
+
+
+def _int(expr: object) -> int | None:
+    return int(expr.value) if type(expr) is tvm.tirx.IntImm or isinstance(expr, tvm.tirx.IntImm) else None
+
+
+_VARS = frozenset({relax.Var, relax.DataflowVar})
+_NESTED = frozenset({relax.Tuple, relax.TupleGetItem, relax.Call, relax.If, relax.SeqExpr, relax.Function})
+_VOID = relax.TupleType([])
+
+
+def _h(obj: object) -> int:
+    """The address of an IR node: a dict key that costs nothing to compare, unlike the node
+    (``Expr.__eq__`` is an FFI call), and stable while the IR being read is alive."""
+    return obj.__chandle__()
+
+
+
+def _overlap(a: tuple, b: tuple) -> bool:
+    if a[0] == _ANYTHING or b[0] == _ANYTHING:
+        return True
+    if a[0] != b[0]:
+        return False
+    return a[1] is None or b[1] is None or (a[1] < b[2] and b[1] < a[2])
+
+
+def _may_alias(x: tuple, y: tuple) -> bool:
+    return any(_overlap(a, b) for a in x for b in y)
+
+
+class _Ranges:
+    """Values kept under regions; finds those of every region that may overlap a fact's.
+
+    Per root, the distinct byte ranges stay sorted by start, so a lookup looks
+    only at ranges starting less than the longest range's length before it.
+    """
+
+    def __init__(self) -> None:
+        self.roots: dict[int, list] = {}  # root -> [sorted ranges, {range or None: value}, longest]
+
+    def _key(self, region: tuple) -> tuple[dict, tuple | None]:
+        entry = self.roots.get(region[0])
+        if entry is None:
+            entry = self.roots[region[0]] = [[], {}, 0]
+        key = None if region[1] is None else (region[1], region[2])
+        if key is not None and key not in entry[1]:
+            bisect.insort(entry[0], key)
+            entry[2] = max(entry[2], key[1] - key[0])
+        return entry[1], key
+
+    def get(self, region: tuple, make) -> object:
+        """The value under exactly ``region``, ``make()`` when there is none yet."""
+        values, key = self._key(region)
+        value = values.get(key)
+        if value is None:
+            value = values[key] = make()
+        return value
+
+    def put(self, fact: tuple, slot: int) -> None:
+        """Keep ``slot`` under each region of ``fact`` unless a later one is there."""
+        for region in fact:
+            values, key = self._key(region)
+            if values.get(key, -1) < slot:
+                values[key] = slot
+
+    def find(self, fact: tuple) -> list:
+        found: list = []
+        anything = self.roots.get(_ANYTHING)
+        for root, start, stop in fact:
+            if root == _ANYTHING:
+                for entry in self.roots.values():
+                    found.extend(entry[1].values())
+                continue
+            if anything is not None:
+                found.extend(anything[1].values())
+            entry = self.roots.get(root)
+            if entry is None:
+                continue
+            ranges, values, longest = entry
+            if start is None:
+                found.extend(values.values())
+                continue
+            if None in values:
+                found.append(values[None])
+            i = bisect.bisect_left(ranges, (start - longest + 1,))
+            while i < len(ranges) and ranges[i][0] < stop:
+                if ranges[i][1] > start:
+                    found.append(values[ranges[i]])
+                i += 1
+        return found
 
 
 # ---------------------------------------------------------------------------------------------
-# Alias facts
+# Reading bindings
 # ---------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Root:
-    """Where memory comes from: one allocation, or memory this function did not allocate.
+class _Rec:
+    """One binding as read: its kind, uses, effects, and a DMA builtin's arguments."""
 
-    Attributes
-    ----------
-    kind : str
-        ``"storage"`` (an ``alloc_storage`` of the function), ``"fresh"`` (a
-        tensor a pure operator allocated), ``"external"``
-        (anything not allocated in the function: parameters, what packed calls
-        return) or ``"anything"`` (may be any memory at all: the parameters of a
-        local function, which may be given the outer function's tensors).
-    ident : int
-        Tells apart roots of one kind; 0 for ``external`` and ``anything``.
-    name : str
-        The var that made it, for messages.
-    """
+    __slots__ = ("binding", "kind", "var", "uses", "reads", "writes", "dma", "new", "index")
 
-    kind: str
-    ident: int = 0
-    name: str = ""
+    def __init__(self, binding, kind, var=None, uses=(), reads=_NOTHING, writes=_NOTHING, dma=None, new=None):
+        self.binding, self.kind, self.var, self.uses = binding, kind, var, uses
+        self.reads, self.writes, self.dma, self.new = reads, writes, dma, new
+        self.index = 0  # position in its SeqExpr, over all its blocks
 
 
-EXTERNAL = Root("external")
-ANYTHING = Root("anything")
+class _Reader:
+    """Alias facts of vars and effects of bindings, scope by scope, planning nested blocks."""
+
+    def __init__(self, known: dict) -> None:
+        self.facts: dict = {}
+        self.known = known
+        self.storages: set[int] = set()
+        self.roots = itertools.count(1)
+        # Parameters: their caller holds them, so KillAfterLastUse never frees them here.
+        self.params: set[int] = set()
+
+    def leaf(self, expr: object) -> tuple:
+        if type(expr) in _VARS:
+            return self.facts.get(expr.__chandle__(), _ANY)  # unseen: a recursive local function's var
+        if isinstance(expr, relax.Tuple):
+            return tuple({r for field in _ir.elements(expr.fields) for r in self.leaf(field)})
+        if isinstance(expr, relax.TupleGetItem):
+            return self.leaf(expr.tuple_value)
+        if isinstance(expr, (relax.Call, relax.If, relax.SeqExpr, relax.Function)):
+            return _ANY
+        if isinstance(expr, _CONSTANT) and isinstance(expr.ty, relax.TensorType):
+            # Constants are memory like any other, and a copy may write one.
+            return (_OUT,)
+        return _NOTHING  # immediates, shapes, strings, dtypes, callee names
+
+    def union(self, exprs: Iterable) -> tuple:
+        regions: set = set()
+        for expr in exprs:
+            regions.update(self.leaf(expr))
+        return tuple(regions)
+
+    def function(self, func: relax.Function, top: bool) -> relax.Function:
+        outside = (_OUT,) if top else _ANY
+        for param in func.params:
+            # Types are read for parameters only (few): an int or a shape holds no memory.
+            self.facts[_h(param)] = outside if _may_hold_memory(param.ty) else _NOTHING
+            self.params.add(_h(param))
+        old = func.body  # each access makes a new wrapper: compare with this one
+        body, _, _ = self.seq(old, outside)
+        if body is old:
+            return func
+        return relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs, func.span)
+
+    def seq(self, seq: relax.Expr, outside: tuple) -> tuple[relax.Expr, tuple, tuple]:
+        """``seq`` rescheduled, its result's fact, and all it may touch."""
+        if not isinstance(seq, relax.SeqExpr):
+            return seq, self.leaf(seq), self.leaf(seq)
+        last_use: dict = {}
+        blocks = []
+        touched: set = set()
+        index = 0
+        read = self.read
+        for block in seq.blocks:
+            recs = []
+            for binding in _ir.bindings_of(block):
+                rec = read(binding, outside)
+                rec.index = index
+                for var in rec.uses:
+                    last_use[var.__chandle__()] = index
+                if rec.reads:
+                    touched.update(rec.reads)
+                    touched.update(rec.writes)
+                recs.append(rec)
+                index += 1
+            blocks.append((block, recs, index - len(recs)))
+        for var in relax.analysis.free_vars(seq.body):
+            last_use[_h(var)] = _INF
+        new_blocks = []
+        for block, recs, _ in blocks:
+            planned = None
+            if not isinstance(block, relax.DataflowBlock) and any(r.kind == "wait" for r in recs):
+                planned = _plan_block(recs, last_use, self.leaf, self.params)
+            if planned is None and any(r.new is not None for r in recs):
+                planned = [r.new or r.binding for r in recs]
+            if planned is None:
+                new_blocks.append(block)
+            else:
+                new_blocks.append(relax.BindingBlock(planned, block.span))
+        if all(new is old for new, (old, _, _) in zip(new_blocks, blocks)):
+            return seq, self.leaf(seq.body), tuple(touched)
+        new_seq = relax.SeqExpr(new_blocks, seq.body, seq.span)
+        _ir.set_type(new_seq, seq.ty)
+        return new_seq, self.leaf(seq.body), tuple(touched)
+
+    def read(self, binding: relax.Binding, outside: tuple) -> _Rec:
+        value = binding.value
+        known = self.known.get(value.__chandle__()) if self.known else None
+        if type(known) is tuple:  # a DMA builtin copy_to_dma emitted: no need to read it back
+            kind, dma, uses = known
+            var = binding.var if kind != "copy" else None
+            return _Rec(binding, kind, var, uses, dma=dma)
+        var = binding.var
+        if isinstance(value, relax.Call):
+            return self.call(binding, var, value, outside)
+        if isinstance(value, (relax.If, relax.SeqExpr, relax.Function)):
+            return self.scope(binding, var, value)
+        fact = self.leaf(value)
+        self.facts[_h(var)] = fact
+        return _Rec(binding, "compute", var, _arg_vars([value]))
+
+    def scope(self, binding: relax.Binding, var: relax.Var, value: relax.Expr) -> _Rec:
+        uses = tuple(relax.analysis.free_vars(value))
+        captured = self.union(uses)
+        if isinstance(value, relax.Function):
+            new = self.function(value, top=False)
+            fact = touched = captured  # a closure holds what it captures; defining it is a use
+        elif isinstance(value, relax.If):
+            old_true, old_false = value.true_branch, value.false_branch
+            true, true_fact, true_touched = self.seq(old_true, _ANY)
+            false, false_fact, false_touched = self.seq(old_false, _ANY)
+            fact = tuple(set(true_fact) | set(false_fact))
+            touched = tuple(set(captured) | set(true_touched) | set(false_touched))
+            new = value
+            if true is not old_true or false is not old_false:
+                new = relax.If(value.cond, true, false, value.span)
+                _ir.set_type(new, value.ty)
+        else:
+            new, fact, inner = self.seq(value, _ANY)
+            touched = tuple(set(captured) | set(inner))
+        self.facts[_h(var)] = fact
+        rebuilt = None
+        if new is not value and isinstance(binding, relax.VarBinding):
+            rebuilt = relax.VarBinding(var, new, binding.span)
+        return _Rec(binding, "compute", var, uses, touched, touched, new=rebuilt)
+
+    def call(self, binding: relax.Binding, var: relax.Var, call: relax.Call, outside: tuple) -> _Rec:
+        kind = _kind(call.op)
+        if kind == "tensor" and self.known:
+            size = self.known.get(var.__chandle__())
+            if type(size) is int:  # a copy's dst, its size known to copy_to_dma: read 2 args, not 5
+                storage, offset = _arg(call.args, 0), _arg(call.args, 1)
+                self.facts[_h(var)] = self._placed(self.leaf(storage), _int(offset), size)
+                return _Rec(binding, "compute", var, _arg_vars([storage]))
+        args = _ir.elements(call.args)
+        if kind == "builtin":
+            dma = _read_dma(args)
+            if dma is not None:
+                return _Rec(binding, dma[0], var, _arg_vars(args), dma=dma[1])
+            kind = "impure"
+        uses = _arg_vars(args)
+        if kind == "storage":
+            root = next(self.roots)
+            self.storages.add(root)
+            self.facts[_h(var)] = ((root, None, None),)
+            return _Rec(binding, "compute", var, uses)
+        if kind == "tensor":
+            self.facts[_h(var)] = self._placed(self.leaf(args[0]), _int(args[1]), _nbytes(args[2], args[3]))
+            return _Rec(binding, "compute", var, uses)
+        first = self.leaf(args[0]) if args else _NOTHING
+        if kind == "view":
+            self.facts[_h(var)] = self._viewed(first, call)
+            return _Rec(binding, "view", var, uses, first, dma=_DMA(None, None, args[0], None))
+        if kind == "same":
+            self.facts[_h(var)] = first
+            return _Rec(binding, "compute", var, uses, first)
+        reads = first if len(args) == 1 else self.union(args)
+        if kind == "pure":
+            self.facts[_h(var)] = ((next(self.roots), None, None),)
+            return _Rec(binding, "compute", var, uses, reads)
+        # Packed, in-place or impure: may touch and return any argument, what a called closure
+        # holds, or anything not allocated here.
+        touched = tuple(set(reads) | set(self.leaf(call.op)))
+        self.facts[_h(var)] = tuple(set(touched) | set(outside))
+        if isinstance(call.op, relax.Var):
+            uses = list(uses) + [call.op]
+        return _Rec(binding, "compute", var, uses, touched, touched)
+
+    def _placed(self, storage: tuple, offset: int | None, nbytes: int | None) -> tuple:
+        return tuple(
+            (root, offset, offset + nbytes)
+            if root in self.storages and start is None and offset is not None and nbytes is not None
+            else (root, None, None)
+            for root, start, _ in storage
+        )
+
+    def _viewed(self, base: tuple, call: relax.Call) -> tuple:
+        args = _ir.elements(call.args)
+        offset = 0
+        if len(args) > 3 and not (isinstance(args[3], relax.Tuple) and len(args[3].fields) == 0):
+            offset = _int(args[3])
+        nbytes = _ir.static_nbytes(call.ty)
+        return tuple(
+            (root, start + offset, start + offset + nbytes)
+            if start is not None and offset is not None and nbytes is not None
+            else (root, None, None)
+            for root, start, _ in base
+        )
 
 
-@dataclass(frozen=True)
-class Region:
-    """The bytes ``[start, stop)`` of a root that a value may refer to; None: not known.
-
-    Attributes
-    ----------
-    root : Root
-        The allocation.
-    start, stop : Optional[int]
-        Constant byte offsets inside the root, or None when not constant.
-    """
-
-    root: Root
-    start: int | None = None
-    stop: int | None = None
-
-    def may_overlap(self, other: Region) -> bool:
-        """Whether the two regions may share a byte.
-
-        Parameters
-        ----------
-        other : Region
-            The other region.
-
-        Returns
-        -------
-        overlap : bool
-            False only when provably disjoint: different roots (neither of
-            them ``anything``), or constant byte ranges of one root that do not
-            intersect.
-        """
-        if self.root.kind == "anything" or other.root.kind == "anything":
-            return True
-        if self.root != other.root:
-            return False
-        if None in (self.start, self.stop, other.start, other.stop):
-            return True
-        return self.start < other.stop and other.start < self.stop
+@functools.lru_cache(maxsize=None)
+def _itemsize(dtype: str) -> int:
+    dt = tvm.DataType(dtype)
+    return (dt.bits * dt.lanes + 7) // 8
 
 
-@dataclass(frozen=True)
-class AliasFact:
-    """What memory a value may refer to: a set of regions (empty for shapes, ints, ...).
-
-    Attributes
-    ----------
-    regions : frozenset[Region]
-        Every region the value, or any tensor inside it (a tuple's fields, a
-        closure's captures), may refer to.
-    """
-
-    regions: frozenset[Region] = frozenset()
-
-    def may_alias(self, other: AliasFact) -> bool:
-        """Whether some region of one may overlap some region of the other."""
-        return any(a.may_overlap(b) for a in self.regions for b in other.regions)
-
-    def __or__(self, other: AliasFact) -> AliasFact:
-        return AliasFact(self.regions | other.regions)
-
-
-_NOTHING = AliasFact()
-
-
-def _fact(*regions: Region) -> AliasFact:
-    return AliasFact(frozenset(regions))
-
-
-def _union(facts: Iterable[AliasFact]) -> AliasFact:
-    regions: set[Region] = set()
-    for fact in facts:
-        regions |= fact.regions
-    return AliasFact(frozenset(regions))
+def _nbytes(shape: object, dtype: object) -> int | None:
+    """Bytes of ``alloc_tensor``'s static shape and dtype arguments, else None."""
+    dtype = getattr(dtype, "value", None)  # R.dtype(...) holds a tvm_ffi.dtype
+    if type(shape) is not relax.ShapeExpr or not isinstance(dtype, tvm_ffi.dtype):
+        return None
+    count = 1
+    for dim in _ir.elements(shape.values):
+        value = _int(dim)
+        if value is None:
+            return None
+        count *= value
+    return count * _itemsize(str(dtype))
 
 
 def _may_hold_memory(ty: object) -> bool:
-    """Whether a value of type ``ty`` may be or contain a tensor, a storage or a closure."""
     if isinstance(ty, (relax.ShapeType, tvm.ir.PrimType)):
         return False
     if isinstance(ty, relax.TupleType):
-        return any(_may_hold_memory(field) for field in _ir.elements(ty.fields))
+        return any(_may_hold_memory(field) for field in ty.fields)
     return True
 
 
-def _const_int(expr: object) -> int | None:
-    """The value of an integer immediate, else None.
-
-    TVM 0.27 has no ``relax.PrimValue``: ``R.prim_value(0)`` and ``0`` in
-    builtin arguments both parse to an ``IntImm``.
-    """
-    if isinstance(expr, tvm.tirx.IntImm):
-        return int(expr.value)
-    return None
+_arg = tvm_ffi.get_global_func("ffi.ArrayGetItem")
+try:  # our own handle: it returns at once, so keeping the GIL saves the lock round trip
+    _arg.release_gil = False
+except AttributeError:
+    pass
 
 
-def _op_name(call: relax.Call) -> str | None:
-    return str(call.op.name) if isinstance(call.op, tvm.ir.Op) else None
+def _arg_vars(args: Iterable) -> list:
+    """The relax vars ``args`` use (shapes, immediates and names hold none)."""
+    found = []
+    for arg in args:
+        if type(arg) in _VARS:
+            found.append(arg)
+        elif type(arg) in _NESTED:
+            found.extend(relax.analysis.free_vars(arg))
+    return found
 
 
-def _is_pure_op(name: str) -> bool:
-    return bool(tvm.ir.Op.get(name).get_attr("FPurity"))
-
-
-def _leaf_fact(expr: relax.Expr, facts: dict[relax.Var, AliasFact]) -> AliasFact:
-    """The fact of a var, a tuple of them or an immediate, from the facts of vars."""
-    if isinstance(expr, relax.Var):
-        # A var not seen yet (a local function calling itself) may be anything.
-        return facts.get(expr, _fact(Region(ANYTHING)))
-    if isinstance(expr, relax.Tuple):
-        return _union(_leaf_fact(field, facts) for field in _ir.elements(expr.fields))
-    if isinstance(expr, relax.TupleGetItem):
-        return _leaf_fact(expr.tuple_value, facts)  # any field: conservative
-    if isinstance(expr, (relax.Call, relax.If, relax.SeqExpr, relax.Function)):
-        return _fact(Region(ANYTHING))  # not in normal form: assume the worst
-    # Constants are never written; immediates, shapes, strings, dtypes and callee names
-    # (ExternFunc, GlobalVar) hold no memory.
-    return _NOTHING
-
-
-class _FactWalker:
-    """Computes the :class:`AliasFact` of every var of a function, nested ones included."""
-
-    def __init__(self) -> None:
-        self.facts: dict[relax.Var, AliasFact] = {}
-        self._serial = itertools.count(1)
-        # Per enclosing function, what "not allocated in this function" may be: EXTERNAL at
-        # the top level; inside a local function also the outer function's memory, which it
-        # can be handed, hence ANYTHING.
-        self._outside: list[AliasFact] = []
-
-    def _new_root(self, kind: str, name: str) -> Root:
-        return Root(kind, next(self._serial), name)
-
-    def function(self, func: relax.Function, top: bool) -> None:
-        outside = _fact(Region(EXTERNAL)) if top else _fact(Region(ANYTHING))
-        self._outside.append(outside)
-        try:
-            for param in func.params:
-                self.facts[param] = outside if _may_hold_memory(param.ty) else _NOTHING
-            self.seq(func.body)
-        finally:
-            self._outside.pop()
-
-    def seq(self, seq: relax.Expr) -> AliasFact:
-        if not isinstance(seq, relax.SeqExpr):
-            return self.of(seq)
-        for block in seq.blocks:
-            for binding in _ir.bindings_of(block):
-                fact = self.value(binding.var, binding.value)
-                self.facts[binding.var] = fact if _may_hold_memory(binding.var.ty) else _NOTHING
-        return self.of(seq.body)
-
-    def of(self, expr: relax.Expr) -> AliasFact:
-        """The fact of a leaf expression (an argument, a tuple, a SeqExpr body)."""
-        return _leaf_fact(expr, self.facts)
-
-    def value(self, var: relax.Var, value: relax.Expr) -> AliasFact:
-        """The fact of the value bound to ``var``."""
-        if isinstance(value, relax.If):
-            return self.seq(value.true_branch) | self.seq(value.false_branch)
-        if isinstance(value, relax.SeqExpr):
-            return self.seq(value)
-        if isinstance(value, relax.Function):
-            self.function(value, top=False)
-            # A closure holds what it captures.
-            return _union(self.of(v) for v in relax.analysis.free_vars(value))
-        if isinstance(value, relax.Call):
-            return self.call(var, value)
-        return self.of(value)
-
-    def call(self, var: relax.Var, call: relax.Call) -> AliasFact:
-        name = _op_name(call)
-        args = [self.of(arg) for arg in _ir.elements(call.args)]
-        if name in _ALLOC_STORAGE_OPS:
-            return _fact(Region(self._new_root("storage", _ir.var_name(var))))
-        if name in _ALLOC_TENSOR_OPS:
-            return _placed(args[0], _const_int(call.args[1]), _ir.static_nbytes(var.ty))
-        if name in _SAME_RANGE_VIEW_OPS:
-            return args[0]
-        if name == _MEMORY_VIEW_OP:
-            return _viewed(args[0], _relative_offset(call), _ir.static_nbytes(var.ty))
-        if name is not None and name not in _ALIASING_PURE_OPS | _IN_PLACE_OPS and _is_pure_op(name):
-            return _fact(Region(self._new_root("fresh", _ir.var_name(var))))
-        # Packed, in-place or impure: any argument (or what a called closure holds), or
-        # anything not allocated in this function.
-        return _union(args) | self.of(call.op) | self._outside[-1]
-
-
-def _placed(storage: AliasFact, offset: int | None, nbytes: int | None) -> AliasFact:
-    """The fact of ``alloc_tensor(storage, offset, ...)`` of ``nbytes`` bytes."""
-    regions = set()
-    for region in storage.regions:
-        if region.root.kind == "storage" and region.start is None and offset is not None and nbytes is not None:
-            regions.add(Region(region.root, offset, offset + nbytes))
-        else:
-            regions.add(Region(region.root))
-    return AliasFact(frozenset(regions))
-
-
-def _relative_offset(call: relax.Call) -> int | None:
-    """``R.memory.view``'s relative byte offset: 0 when omitted (an empty tuple)."""
-    if len(call.args) < 4:
-        return 0
-    offset = call.args[3]
-    if isinstance(offset, relax.Tuple) and len(offset.fields) == 0:
-        return 0
-    return _const_int(offset)
-
-
-def _viewed(base: AliasFact, offset: int | None, nbytes: int | None) -> AliasFact:
-    """The fact of ``R.memory.view(base, ...)`` at ``offset`` bytes from base, ``nbytes`` long."""
-    regions = set()
-    for region in base.regions:
-        if region.start is not None and offset is not None and nbytes is not None:
-            regions.add(Region(region.root, region.start + offset, region.start + offset + nbytes))
-        else:
-            regions.add(Region(region.root))
-    return AliasFact(frozenset(regions))
-
-
-def alias_facts(func: relax.Function) -> dict[relax.Var, AliasFact]:
-    """The :class:`AliasFact` of every var of ``func``, nested scopes included.
-
-    Parameters
-    ----------
-    func : relax.Function
-        A top-level function: its parameters may be anything not allocated in it.
-
-    Returns
-    -------
-    facts : dict[relax.Var, AliasFact]
-        Per parameter and binding var.
-    """
-    walker = _FactWalker()
-    walker.function(func, top=True)
-    return walker.facts
-
-
-# ---------------------------------------------------------------------------------------------
-# Effects of a binding
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Effect:
-    """What a binding may read and write."""
-
-    reads: AliasFact = _NOTHING
-    writes: AliasFact = _NOTHING
-
-    def __or__(self, other: _Effect) -> _Effect:
-        return _Effect(self.reads | other.reads, self.writes | other.writes)
-
-
-@dataclass(frozen=True)
-class _DMACall:
-    """A ``call_builtin_with_ctx`` of ``dma_copy`` or ``dma_wait``, its arguments read."""
-
-    kind: str  # "copy" or "wait"
-    queue: int | None
-    inflight: int | None = None  # waits only
-    bypass_cache: int | None = None
-    src: relax.Expr | None = None
-    dst: relax.Expr | None = None
-    well_formed: bool = True  # arity as the builtin expects
-
-    @property
-    def legacy(self) -> bool:
-        return self.kind == "wait" and self.src is None
-
-
-def _dma_call(value: relax.Expr) -> _DMACall | None:
-    """Read a DMA builtin call; None for anything else."""
-    if not isinstance(value, relax.Call) or _op_name(value) != _BUILTIN_WITH_CTX:
-        return None
-    func, args = value.args[0], value.args[1]
+def _read_dma(args: list) -> tuple[str, _DMA] | None:
+    """A ``call_builtin_with_ctx`` of a DMA builtin read: ("copy" | "wait" | "bad", args)."""
+    func = args[0]
     if not isinstance(func, relax.ExternFunc) or str(func.global_symbol) not in (DMA_COPY, DMA_WAIT):
         return None
-    fields = list(args.fields) if isinstance(args, relax.Tuple) else []
+    fields = _ir.elements(args[1].fields) if isinstance(args[1], relax.Tuple) else []
     if str(func.global_symbol) == DMA_COPY:
         if len(fields) != 4:
-            return _DMACall("copy", None, well_formed=False)
-        src, dst, queue, bypass = fields
-        return _DMACall("copy", _const_int(queue), bypass_cache=_const_int(bypass), src=src, dst=dst)
+            return "bad", None
+        return "copy", _DMA(_int(fields[2]), _int(fields[3]), fields[0], fields[1])
     if len(fields) == 5:
-        queue, inflight, bypass, src, dst = fields
-        return _DMACall("wait", _const_int(queue), _const_int(inflight), _const_int(bypass), src, dst)
-    if len(fields) == 2:
-        return _DMACall("wait", _const_int(fields[0]), _const_int(fields[1]))
-    return _DMACall("wait", None, well_formed=False)
-
-
-def _effect(value: relax.Expr, facts: dict[relax.Var, AliasFact]) -> _Effect:
-    """What evaluating ``value`` (a binding's value) may read and write."""
-    of = functools.partial(_leaf_fact, facts=facts)
-    if isinstance(value, (relax.If, relax.SeqExpr, relax.Function)):
-        # A nested scope that uses any tensor conflicts with it (reads count as writes).
-        used = _union(of(v) for v in relax.analysis.free_vars(value))
-        inner = _Effect()
-        if not isinstance(value, relax.Function):  # a function's body does not run here
-            for binding in _nested_bindings(value):
-                inner = inner | _effect(binding.value, facts)
-        touched = used | inner.reads | inner.writes
-        return _Effect(touched, touched)
-    if not isinstance(value, relax.Call):
-        return _Effect()  # vars, tuples, constants: no memory is accessed
-    dma = _dma_call(value)
-    if dma is not None and dma.well_formed:
-        if dma.kind == "wait":
-            return _Effect()  # completes a transfer; reads and writes nothing itself
-        return _Effect(reads=of(dma.src), writes=of(dma.dst))
-    name = _op_name(value)
-    args = _union(of(arg) for arg in _ir.elements(value.args))
-    if name is not None and name not in _IN_PLACE_OPS and _is_pure_op(name):
-        if name in _ALLOC_TENSOR_OPS or name in _ALLOC_STORAGE_OPS:
-            return _Effect()  # placing a tensor in a storage does not touch its bytes
-        return _Effect(reads=args)
-    touched = args | of(value.op)  # a called closure may touch what it captured
-    return _Effect(touched, touched)
-
-
-def _nested_bindings(expr: relax.Expr) -> Iterator[relax.Binding]:
-    """Every binding inside an If's branches or a SeqExpr, at any depth (not in functions)."""
-    if isinstance(expr, relax.If):
-        yield from _nested_bindings(expr.true_branch)
-        yield from _nested_bindings(expr.false_branch)
-    elif isinstance(expr, relax.SeqExpr):
-        for block in expr.blocks:
-            for binding in _ir.bindings_of(block):
-                yield binding
-                yield from _nested_bindings(binding.value)
+        return "wait", _DMA(_int(fields[0]), _int(fields[2]), fields[3], fields[4], _int(fields[1]), fields)
+    if len(fields) == 2:  # legacy: no src, dst
+        return "wait", _DMA(_int(fields[0]), None, None, None, _int(fields[1]), fields)
+    return "bad", None
 
 
 # ---------------------------------------------------------------------------------------------
-# Planning one block
+# Scheduling one block
 # ---------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Transfer:
-    """One ``dma_copy`` and its wait, as found in a conforming block."""
+class _Unit:
+    """One transfer: its views, copies and wait; ``fixed`` when it must stay as it is."""
 
-    issue: int  # rank among the block's copies
-    queue: int
-    copy: int  # index of the dma_copy binding in the block
-    wait: int  # index of its dma_wait binding (copy + 1)
-    movable: bool
-    src: relax.Expr | None
-    dst: relax.Expr | None
+    __slots__ = ("seq", "queue", "views", "copies", "wait", "fixed", "src", "dst", "src_fact",
+                 "dst_fact", "deps", "index", "rank", "buckets")
+
+    def __init__(self, seq, wait, views, copies, fixed, reader_facts):
+        self.seq, self.wait, self.views, self.copies, self.fixed = seq, wait, views, copies, fixed
+        self.index = wait.index
+        self.queue = wait.dma.queue
+        self.src, self.dst = wait.dma.src, wait.dma.dst
+        if self.src is not None:
+            self.src_fact, self.dst_fact = reader_facts(self.src), reader_facts(self.dst)
+            self.deps = [e for e in (self.src, self.dst) if type(e) in _VARS]
+        else:  # legacy: what its copies move
+            self.src_fact = tuple({r for c in copies for r in reader_facts(c.dma.src)})
+            self.dst_fact = tuple({r for c in copies for r in reader_facts(c.dma.dst)})
+            self.deps = [v for r in views + copies for v in r.uses]
+        # A view of the transfer (say, of a copy_tensor of a view) moves with it: what
+        # defines the view's input must come first too.
+        self.deps += [v for r in views for v in r.uses]
+        self.rank = 0
+        self.buckets: list = []
 
 
-def _same(a: relax.Expr | None, b: relax.Expr | None) -> bool:
-    return a is not None and b is not None and bool(tvm_ffi.structural_equal(a, b))
+def _same(a: object, b: object) -> bool:
+    return a is b or (a is not None and b is not None and a.__chandle__() == b.__chandle__())
 
 
-def _block_transfers(bindings: list[relax.Binding], used: set[relax.Var]) -> list[_Transfer] | None:
-    """The transfers of a block in issue order; None unless each copy is followed by its wait.
-
-    A transfer is movable when its wait is the five-argument form with the copy's
-    queue, bypass_cache, src and dst, ``inflight_dma=0``, and a var nothing uses.
-    """
-    transfers: list[_Transfer] = []
-    index = 0
-    while index < len(bindings):
-        dma = _dma_call(bindings[index].value)
-        if dma is None:
-            index += 1
+def _group(recs: list[_Rec], last_use: dict, leaf) -> list | None:
+    """The block as events: compute records and transfers; None unless every DMA builtin
+    belongs to a transfer of the recognized form."""
+    events: list = []
+    run: list[_Rec] = []  # views and copies since the last other binding
+    seq = itertools.count()
+    for rec in recs:
+        if rec.kind in ("view", "copy"):
+            run.append(rec)
             continue
-        if dma.kind != "copy" or not dma.well_formed or dma.queue is None or index + 1 == len(bindings):
+        if rec.kind == "wait":
+            dma = rec.dma
+            if dma.queue is None or dma.inflight != 0:
+                return None
+            if len(run) == 1 and run[0].kind == "copy":  # the common case, quickly
+                copy = run[0].dma
+                if copy.queue == dma.queue and copy.bypass == dma.bypass and copy.src is dma.src and copy.dst is dma.dst:
+                    fixed = rec.var.__chandle__() in last_use
+                    events.append(_Unit(next(seq), rec, [], run, fixed, leaf))
+                    run = []
+                    continue
+            copies: list[_Rec] = []
+            while run and run[-1].kind == "copy" and run[-1].dma.queue == dma.queue:
+                copies.insert(0, run.pop())
+            if not copies:
+                return None
+            views: list[_Rec] = []
+            parts = [p for c in copies for p in (c.dma.src, c.dma.dst)]
+            while run and run[-1].kind == "view" and any(_same(run[-1].var, p) for p in parts):
+                views.insert(0, run.pop())
+            if dma.src is not None:
+                bases = {_h(view.var): view.dma.src for view in views}
+                for c in copies:
+                    if c.dma.bypass != dma.bypass:
+                        return None
+                    for part, whole in ((c.dma.src, dma.src), (c.dma.dst, dma.dst)):
+                        if not (_same(part, whole) or _same(bases.get(_h(part)), whole)):
+                            return None
+            if any(r.kind == "copy" for r in run):
+                return None
+            events.extend(run)
+            run = []
+            fixed = dma.src is None or _h(rec.var) in last_use
+            events.append(_Unit(next(seq), rec, views, copies, fixed, leaf))
+            continue
+        if rec.kind == "bad":
             return None
-        wait = _dma_call(bindings[index + 1].value)
-        if wait is None or wait.kind != "wait" or not wait.well_formed or wait.queue != dma.queue or wait.inflight != 0:
-            return None
-        if not wait.legacy and not (
-            wait.bypass_cache == dma.bypass_cache and _same(wait.src, dma.src) and _same(wait.dst, dma.dst)
-        ):
-            return None
-        movable = not wait.legacy and bindings[index + 1].var not in used
-        transfers.append(_Transfer(len(transfers), dma.queue, index, index + 1, movable, dma.src, dma.dst))
-        index += 2
-    return transfers
-
-
-def _conflicts(effect: _Effect, src: AliasFact, dst: AliasFact) -> bool:
-    """Whether a binding of ``effect`` must not run while ``src -> dst`` is in flight."""
-    return effect.writes.may_alias(src | dst) or effect.reads.may_alias(dst)
-
-
-def _with_inflight(binding: relax.VarBinding, inflight: int) -> relax.VarBinding:
-    """The wait binding with ``inflight_dma`` replaced, keeping its var and the immediate's dtype."""
-    call = binding.value
-    fields = list(call.args[1].fields)
-    fields[1] = tvm.tirx.IntImm(str(fields[1].ty.dtype), inflight)
-    new_call = relax.Call(call.op, [call.args[0], relax.Tuple(fields)], call.attrs, call.ty_args, call.span)
-    return relax.VarBinding(binding.var, new_call)
-
-
-def _plan_block(
-    bindings: list[relax.Binding], facts: dict[relax.Var, AliasFact], used: set[relax.Var]
-) -> list[relax.Binding] | None:
-    """The block's bindings with each movable wait sunk; None when nothing moves."""
-    transfers = _block_transfers(bindings, used)
-    if not transfers or not any(t.movable for t in transfers):
+        if run:
+            if any(r.kind == "copy" for r in run):
+                return None
+            events.extend(run)
+            run = []
+        events.append(rec)
+    if any(r.kind == "copy" for r in run):
         return None
-    moved = {t.wait: t for t in transfers if t.movable}
-    # The block without the movable waits; `rest_index` maps old indices into it.
-    rest = [i for i in range(len(bindings)) if i not in moved]
-    rest_index = {old: new for new, old in enumerate(rest)}
-    fixed_waits = {rest_index[t.wait]: t for t in transfers if not t.movable}
-    effects = [_effect(bindings[i].value, facts) for i in rest]
+    events.extend(run)
+    return events
 
-    # Each wait's landing point: an index into `rest` (land just before it), or len(rest).
-    land: dict[int, int] = {}
-    for t in transfers:
-        if not t.movable:
+
+def _plan_block(recs: list[_Rec], last_use: dict, leaf, params: set[int]) -> list | None:
+    """The block's bindings rescheduled; None when it is left alone or nothing moves."""
+    events = _group(recs, last_use, leaf)
+    if events is None:
+        return None
+    out: list = []  # compute bindings, waits (a _Unit) and fixed transfers (a tuple)
+    after: dict[int, list[_Unit]] = defaultdict(list)  # transfers starting after out[slot]
+    defined: dict = {}  # var -> slot
+    read, written = _Ranges(), _Ranges()  # region -> last slot touching it
+    src_busy, dst_busy = _Ranges(), _Ranges()  # region -> {seq: transfer in flight}
+    pending: dict[int, deque[_Unit]] = defaultdict(deque)
+    floor: dict[int, int] = {}  # queue -> the slot its next transfer starts after, at the earliest
+
+    def alive(expr: object, last: _Unit, index: float) -> bool:
+        if type(expr) not in _VARS or _same(expr, last.src) or _same(expr, last.dst):
+            return True
+        return _h(expr) in params or last_use.get(_h(expr), -1) >= index
+
+    def complete(units: Iterable[_Unit], index: float) -> None:
+        """Wait, before ``out``'s end, for ``units`` and every older transfer of their queues."""
+        newest: dict[int, _Unit] = {}
+        for unit in units:
+            if unit.queue not in newest or unit.seq > newest[unit.queue].seq:
+                newest[unit.queue] = unit
+        for target in sorted(newest.values(), key=lambda u: u.seq):
+            fifo = pending[target.queue]
+            run = []
+            while not run or run[-1] is not target:
+                run.append(fifo.popleft())
+            kept = {}
+            for unit in run:
+                # Only the last wait of the run is needed; an earlier one stays for its buffers.
+                if unit is target or not (alive(unit.src, target, index) and alive(unit.dst, target, index)):
+                    out.append(unit)
+                    kept[unit.seq] = len(out) - 1
+                for bucket in unit.buckets:
+                    del bucket[unit.seq]
+            for unit in run:  # a merged transfer completes at the last wait of the run
+                slot = kept.get(unit.seq, len(out) - 1)
+                read.put(unit.src_fact, slot)
+                written.put(unit.dst_fact, slot)
+
+    def conflicts(reads: tuple, writes: tuple) -> list[_Unit]:
+        hits: dict = {}
+        for bucket in dst_busy.find(reads + writes):
+            hits.update(bucket)
+        for bucket in src_busy.find(writes):
+            hits.update(bucket)
+        return list(hits.values())
+
+    for event in events:
+        if type(event) is _Rec:
+            slot = len(out)
+            if event.reads:  # (an allocation touches nothing: the common case is quick)
+                busy = conflicts(event.reads, event.writes)
+                if busy:
+                    complete(busy, event.index)
+                    slot = len(out)
+                read.put(event.reads, slot)
+                written.put(event.writes, slot)
+            out.append(event.binding if event.new is None else event.new)
+            if event.var is not None:
+                defined[event.var.__chandle__()] = slot
             continue
-        src, dst = _leaf_fact(t.src, facts), _leaf_fact(t.dst, facts)
-        point = rest_index[t.copy] + 1
-        while point < len(rest):
-            fixed = fixed_waits.get(point)
-            if fixed is not None and fixed.queue == t.queue:
-                break  # a later wait of this queue completes this transfer too (FIFO)
-            if _conflicts(effects[point], src, dst):
-                break
-            point += 1
-        land[t.issue] = point
-    # Never below a later transfer's wait on the same queue: it would complete this one.
-    earliest_later: dict[int, int] = {}
-    for t in reversed(transfers):
-        if t.movable:
-            land[t.issue] = min(land[t.issue], earliest_later.get(t.queue, land[t.issue]))
-            earliest_later[t.queue] = land[t.issue]
-    if all(land[t.issue] == rest_index[t.copy] + 1 for t in transfers if t.movable):
-        return None  # every wait stays right after its copy
+        unit = event
+        busy = conflicts(unit.src_fact, unit.dst_fact)
+        if unit.fixed:  # its wait completes everything before it on its queue
+            busy += list(pending[unit.queue])
+        if busy:
+            complete(busy, unit.index)
+        if unit.fixed:
+            out.append((unit,))
+            slot = len(out) - 1
+            for view in unit.views:
+                defined[_h(view.var)] = slot
+            read.put(unit.src_fact, slot)
+            written.put(unit.dst_fact, slot)
+            floor[unit.queue] = slot
+            continue
+        # Start right after the last binding the transfer depends on.
+        start = floor.get(unit.queue, -1)
+        for var in unit.deps:
+            slot = defined.get(var.__chandle__(), -1)
+            if slot > start:
+                start = slot
+        for slot in written.find(unit.src_fact + unit.dst_fact) + read.find(unit.dst_fact):
+            if slot > start:
+                start = slot
+        after[start].append(unit)
+        floor[unit.queue] = start
+        for view in unit.views:
+            defined[_h(view.var)] = start
+        pending[unit.queue].append(unit)
+        for ranges, fact in ((src_busy, unit.src_fact), (dst_busy, unit.dst_fact)):
+            for region in fact:
+                bucket = ranges.get(region, dict)
+                bucket[unit.seq] = unit
+                unit.buckets.append(bucket)
+    complete([fifo[-1] for fifo in pending.values() if fifo], _INF)
+    return _emit(out, after, recs)
 
-    waits_at: dict[int, list[_Transfer]] = defaultdict(list)
-    for t in transfers:  # issue order, so waits landing together stay in issue order
-        if t.movable:
-            waits_at[land[t.issue]].append(t)
-    copies = {rest_index[t.copy]: t for t in transfers}
-    pending: dict[int, list[int]] = defaultdict(list)  # per queue, issued and not waited
-    planned: list[relax.Binding] = []
-    for point in range(len(rest) + 1):
-        for t in waits_at.get(point, []):
-            queue = pending[t.queue]
-            inflight = sum(1 for issue in queue if issue > t.issue)
-            queue.remove(t.issue)
-            wait = bindings[t.wait]
-            planned.append(wait if inflight == 0 else _with_inflight(wait, inflight))
-        if point == len(rest):
-            break
-        if point in copies:
-            pending[copies[point].queue].append(copies[point].issue)
-        elif point in fixed_waits:
-            pending[fixed_waits[point].queue].remove(fixed_waits[point].issue)
-        planned.append(bindings[rest[point]])
-    return planned
+
+def _emit(out: list, after: dict, recs: list[_Rec]) -> list | None:
+    """The bindings in their new order, each wait with its exact ``inflight_dma``."""
+    issued: dict[int, int] = defaultdict(int)  # dma_copy bindings so far, per queue
+    result: list = []
+
+    def start(slot: int) -> None:
+        for unit in after.get(slot, ()):
+            result.extend(r.binding for r in unit.views)
+            result.extend(r.binding for r in unit.copies)
+            issued[unit.queue] += len(unit.copies)
+            unit.rank = issued[unit.queue]
+
+    start(-1)
+    for slot, entry in enumerate(out):
+        if isinstance(entry, _Unit):
+            inflight = issued[entry.queue] - entry.rank
+            result.append(entry.wait.binding if inflight == 0 else _with_inflight(entry.wait, inflight))
+        elif isinstance(entry, tuple):  # a fixed transfer, as it was
+            unit = entry[0]
+            result.extend(r.binding for r in unit.views + unit.copies + [unit.wait])
+            issued[unit.queue] += len(unit.copies)
+        else:
+            result.append(entry)
+        start(slot)
+    if len(result) == len(recs) and all(new is rec.binding for new, rec in zip(result, recs)):
+        return None
+    return result
+
+
+def _with_inflight(wait: _Rec, inflight: int) -> relax.VarBinding:
+    """The wait binding with ``inflight_dma`` replaced, keeping its var (and its immediates'
+    dtype when read from IR)."""
+    dma, old = wait.dma, wait.binding.value
+    if dma.fields is None:  # emitted by copy_to_dma: int64 immediates, void
+        fields = [_imm(dma.queue), _imm(inflight), _imm(dma.bypass), dma.src, dma.dst]
+        if _MAKE_CALL is not None and _MAKE_TUPLE is not None:
+            call = _MAKE_CALL(_VOID, _CALL_BUILTIN, [_extern(DMA_WAIT), _MAKE_TUPLE(fields, None)], None, [_VOID], None)
+        else:
+            call = relax.Call(_CALL_BUILTIN, [_extern(DMA_WAIT), relax.Tuple(fields)], None, [_VOID])
+            _ir.set_type(call, _VOID)
+    else:
+        fields = list(dma.fields)
+        fields[1] = tvm.tirx.IntImm(str(fields[1].ty.dtype), inflight)
+        call = relax.Call(old.op, [old.args[0], relax.Tuple(fields)], old.attrs, old.ty_args, old.span)
+        _ir.set_type(call, old.ty if old.ty is not None else _VOID)
+    return relax.VarBinding(wait.binding.var, call)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -600,48 +738,65 @@ def _plan_block(
 # ---------------------------------------------------------------------------------------------
 
 
-@mutator
-class _SinkWaits(PyExprMutator):
-    """Rebuilds the blocks whose waits move; every other block is re-emitted as is."""
-
-    def __init__(self, facts: dict[relax.Var, AliasFact], used: set[relax.Var]) -> None:
-        super().__init__()
-        self.facts = facts
-        self.used = used
-        self.changed = False
-
-    def visit_binding_block_(self, block: relax.BindingBlock) -> relax.BindingBlock:
-        planned = _plan_block(list(_ir.bindings_of(block)), self.facts, self.used)
-        if planned is None:
-            return super().visit_binding_block_(block)
-        self.changed = True
-        self.builder_._begin_binding_block()
-        for binding in planned:
-            self.visit_binding(binding)  # nested blocks (If branches) are planned too
-        return self.builder_._end_block()
+@contextlib.contextmanager
+def _no_cyclic_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector: the pass makes a few small objects per binding,
+    all freed by reference counting, and each collection it would trigger rescans every IR
+    wrapper alive (a third of the pass's time on 10k copies)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
-def _sink_function(func: relax.Function) -> relax.Function:
-    mutator_ = _SinkWaits(alias_facts(func), _ir.used_vars(func))
-    result = mutator_.visit_expr(func)
-    return result if mutator_.changed else func
+def _schedule(
+    target: relax.Function | tvm.IRModule, known: dict, check: bool = True
+) -> relax.Function | tvm.IRModule:
+    """:func:`sink_dma_waits`; ``known`` maps (the addresses of) DMA calls copy_to_dma emitted
+    to what they hold.  ``check=False`` skips the final ``well_formed``, for copy_to_dma, whose
+    input was checked: the schedule only reorders a block's bindings, each after what it
+    uses, and changes immediates (the tests check every output)."""
+    if isinstance(target, relax.Function):
+        with _no_cyclic_gc():
+            result = _Reader(known).function(target, top=True)
+        if check and result is not target:
+            relax.analysis.well_formed(result)
+        return result
+    if isinstance(target, tvm.IRModule):
+        functions = dict(target.functions_items())
+        changed = False
+        for gvar, func in target.functions_items():
+            if isinstance(func, relax.Function):
+                with _no_cyclic_gc():
+                    new_func = _Reader(known).function(func, top=True)
+                changed = changed or new_func is not func
+                functions[gvar] = new_func
+        result_mod = tvm.IRModule(functions, attrs=target.attrs, global_infos=target.global_infos)
+        if check and changed:
+            relax.analysis.well_formed(result_mod)
+        return result_mod
+    raise TypeError(f"target must be a relax.Function or an IRModule, got {type(target).__name__}")
 
 
 def sink_dma_waits(target: relax.Function | tvm.IRModule) -> relax.Function | tvm.IRModule:
-    """Move each ``dma_wait`` down its block to the first binding that conflicts with its transfer.
+    """Start each DMA transfer as early, and wait for it as late, as is safe.
 
     Parameters
     ----------
     target : Union[relax.Function, tvm.IRModule]
         A function, or a module whose Relax functions are all processed,
         holding the DMA builtins as :func:`~rewrite_ext.hexagon.copy_to_dma`
-        emits them: each ``dma_copy`` immediately followed by its ``dma_wait``
-        with ``inflight_dma=0``, on one queue or several.
+        emits them: each transfer's ``dma_copy`` s (one per chunk) right
+        before its ``dma_wait`` with ``inflight_dma=0``, on one queue or
+        several.
 
     Returns
     -------
     result : Union[relax.Function, tvm.IRModule]
-        The same kind of object: the function (the input itself when no wait
+        The same kind of object: the function (the input itself when nothing
         moves) or a new module.  The input is never modified; the result
         passes ``relax.analysis.well_formed``.
 
@@ -652,51 +807,34 @@ def sink_dma_waits(target: relax.Function | tvm.IRModule) -> relax.Function | tv
 
     Notes
     -----
-    The rules are those of the module docstring.  Each ``dma_copy`` stays
-    where it is; its wait lands just before the first later binding of the
-    same block that conflicts with the transfer, or at the end of the block,
-    and gets ``inflight_dma`` = the number of transfers on its queue issued
-    after it and not yet waited for there.  Waits landing at one point come in
-    issue order; a wait never moves below a later transfer's wait on its
-    queue.  The wait bindings keep their (unused, ``R.Tuple()``) vars.
+    The rules are those of the module docstring: in each block, a transfer's
+    ``dma_copy`` s move up to just after the last binding they depend on, its
+    wait moves down to just before the first binding that conflicts with it,
+    waits of one queue stay in issue order with the exact ``inflight_dma``,
+    and a wait that a later wait of its queue covers is dropped where its
+    buffers stay alive anyway.  One forward pass: linear in the bindings.
 
     Examples
     --------
     .. code-block:: python
 
+        a = R.vm.alloc_tensor(storage, 0, R.shape([16]), R.dtype("float32"))
+        c = R.add(x, y)
         R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", (x, a, 0, 1), ty_args=(R.Tuple,))
         R.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", (0, 0, 1, x, a), ty_args=(R.Tuple,))
-        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", (y, b, 0, 1), ty_args=(R.Tuple,))
-        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", (0, 0, 1, y, b), ty_args=(R.Tuple,))
-        c = R.add(a, a)
+        d = R.multiply(c, c)
+        e = R.add(a, d)
 
     becomes::
 
+        a = R.vm.alloc_tensor(storage, 0, R.shape([16]), R.dtype("float32"))
         R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", (x, a, 0, 1), ty_args=(R.Tuple,))
-        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", (y, b, 0, 1), ty_args=(R.Tuple,))
-        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", (0, 1, 1, x, a), ty_args=(R.Tuple,))
-        c = R.add(a, a)
-        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", (0, 0, 1, y, b), ty_args=(R.Tuple,))
+        c = R.add(x, y)
+        d = R.multiply(c, c)
+        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", (0, 0, 1, x, a), ty_args=(R.Tuple,))
+        e = R.add(a, d)
     """
-    if isinstance(target, relax.Function):
-        result = _sink_function(target)
-        if not result.same_as(target):
-            relax.analysis.well_formed(result)
-        return result
-    if isinstance(target, tvm.IRModule):
-        functions = dict(target.functions_items())
-        changed = False
-        for gvar, func in target.functions_items():
-            if isinstance(func, relax.Function):
-                new_func = _sink_function(func)
-                if not new_func.same_as(func):
-                    functions[gvar] = new_func
-                    changed = True
-        result_mod = tvm.IRModule(functions, attrs=target.attrs, global_infos=target.global_infos)
-        if changed:
-            relax.analysis.well_formed(result_mod)
-        return result_mod
-    raise TypeError(f"target must be a relax.Function or an IRModule, got {type(target).__name__}")
+    return _schedule(target, {})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -706,7 +844,7 @@ def sink_dma_waits(target: relax.Function | tvm.IRModule) -> relax.Function | tv
 
 @dataclass(frozen=True)
 class TransferOverlap:
-    """How much one DMA transfer overlaps, as read from IR.
+    """How much one ``dma_copy`` overlaps, as read from IR, and what bounds it.
 
     Attributes
     ----------
@@ -716,14 +854,24 @@ class TransferOverlap:
     queue : Optional[int]
         The DMA queue, None when not a constant.
     src, dst : str
-        The transfer's source and destination (var names).
+        The copy's source and destination (var names).
     overlapped : Optional[int]
-        Bindings strictly between the ``dma_copy`` and its ``dma_wait`` (other
-        transfers' builtins included); None when its block holds no wait for it.
+        Bindings of compute (not DMA builtins) between the ``dma_copy`` and
+        the wait that completes it; None when no wait of its block does.
     inflight : Optional[int]
-        The wait's ``inflight_dma``; None without a wait or when not constant.
+        That wait's ``inflight_dma``.
     legacy : bool
-        Whether the wait is the legacy two-argument form (paired by order).
+        Whether that wait is the legacy two-argument form.
+    merged : bool
+        Whether that wait is another transfer's (it completes this one too).
+    starts_after : str
+        What the copy comes right after: the binding it depends on, the wait
+        of a transfer it conflicts with, its queue's previous transfer, or
+        the start of its block.
+    stopped_by : str
+        What comes right after the wait: a binding that conflicts with the
+        transfer, one that needs a later transfer of the queue, or the end of
+        the block.
     """
 
     function: str
@@ -733,68 +881,116 @@ class TransferOverlap:
     overlapped: int | None
     inflight: int | None
     legacy: bool = False
+    merged: bool = False
+    starts_after: str = ""
+    stopped_by: str = ""
 
 
-def _expr_name(expr: relax.Expr | None) -> str:
-    if isinstance(expr, relax.Var):
-        return _ir.var_name(expr)
-    return "?" if expr is None else str(expr)
+def _name(expr: object) -> str:
+    return _ir.var_name(expr) if isinstance(expr, relax.Var) else "?" if expr is None else str(expr)
 
 
-def _all_blocks(expr: relax.Expr) -> Iterator[relax.BindingBlock]:
-    """Every binding block under ``expr`` in program order: If branches, local functions."""
-    if isinstance(expr, relax.Function):
-        yield from _all_blocks(expr.body)
-    elif isinstance(expr, relax.If):
-        yield from _all_blocks(expr.true_branch)
-        yield from _all_blocks(expr.false_branch)
-    elif isinstance(expr, relax.SeqExpr):
-        for block in expr.blocks:
-            yield block
-            for binding in _ir.bindings_of(block):
-                yield from _all_blocks(binding.value)
+def _what(rec: _Rec) -> str:
+    value = rec.binding.value
+    if rec.kind == "wait":
+        return f"the wait for {_name(rec.dma.src)} -> {_name(rec.dma.dst)}" if rec.dma.src is not None else "a legacy wait"
+    if rec.kind == "copy":
+        return f"the copy {_name(rec.dma.src)} -> {_name(rec.dma.dst)}"
+    op = type(value).__name__
+    if isinstance(value, relax.Call):
+        callee = value.op
+        op = callee.name if isinstance(callee, tvm.ir.Op) else getattr(callee, "name_hint", None) or _name(callee)
+    return f"`{_name(rec.var)} = {op}`" if rec.var is not None else f"`{op}`"
 
 
-def _block_report(function: str, bindings: list[relax.Binding]) -> list[TransferOverlap]:
-    """Pair each wait of a block with the oldest unpaired copy it can belong to."""
-    copies: list[tuple[int, _DMACall]] = []  # issue order
-    # Per queue, the copies not paired yet, oldest first: a wait usually pairs with the first,
-    # so pairing stays linear in the block however many copies it holds.
-    unpaired: dict[int | None, deque[tuple[int, _DMACall]]] = defaultdict(deque)
-    paired: dict[int, tuple[int, _DMACall]] = {}  # copy index -> (wait index, wait)
-    for index, binding in enumerate(bindings):
-        dma = _dma_call(binding.value)
-        if dma is None or not dma.well_formed:
-            continue
-        if dma.kind == "copy":
-            copies.append((index, dma))
-            unpaired[dma.queue].append((index, dma))
-            continue
-        waiting = unpaired[dma.queue]
-        for position, (copy_index, copy) in enumerate(waiting):
-            if dma.legacy or (_same(copy.src, dma.src) and _same(copy.dst, dma.dst)):
-                paired[copy_index] = (index, dma)
-                del waiting[position]
-                break
+def _why(rec: _Rec, src: tuple, dst: tuple, defines: tuple) -> str | None:
+    """How ``rec`` conflicts with a transfer of ``src -> dst``, None when it does not."""
+    if rec.var is not None and any(_same(rec.var, d) for d in defines):
+        return "defines " + ("src" if _same(rec.var, defines[0]) else "dst")
+    if _may_alias(rec.writes, src):
+        return "writes src"
+    if _may_alias(rec.writes, dst):
+        return "writes dst"
+    if _may_alias(rec.reads, dst):
+        return "reads dst"
+    return None
+
+
+def _block_report(function: str, recs: list[_Rec], leaf) -> list[TransferOverlap]:
+    compute = list(itertools.accumulate((r.kind not in ("copy", "wait") for r in recs), initial=0))
+    pending: dict = defaultdict(deque)
+    covered: dict[int, tuple[int, _Rec]] = {}  # copy position -> (wait position, wait)
+    copies = []
+    for position, rec in enumerate(recs):
+        if rec.kind == "copy":
+            copies.append(position)
+            pending[rec.dma.queue].append(position)
+        elif rec.kind == "wait" and rec.dma.inflight is not None:
+            fifo = pending[rec.dma.queue]
+            while len(fifo) > rec.dma.inflight:
+                covered[fifo.popleft()] = (position, rec)
+    views = {_h(r.var): r.dma.src for r in recs if r.kind == "view"}
     report = []
-    for copy_index, copy in copies:
-        wait_index, wait = paired.get(copy_index, (None, None))
+    for position in copies:
+        copy = recs[position].dma
+        src, dst = views.get(_h(copy.src), copy.src), views.get(_h(copy.dst), copy.dst)
+        src_fact, dst_fact = leaf(src), leaf(dst)
+        before = position - 1
+        while before >= 0 and recs[before].kind in ("view", "copy"):  # copies starting together
+            before -= 1
+        starts = "the start of its block"
+        if before >= 0:
+            prev = recs[before]
+            why = _why(prev, src_fact, dst_fact, (src, dst)) if prev.kind != "wait" else None
+            starts = _what(prev) + (f" ({why})" if why else "")
+        wait_position, wait = covered.get(position, (None, None))
+        stopped = "no wait in its block"
+        if wait is not None:
+            after = wait_position + 1
+            while after < len(recs) and recs[after].kind == "wait":
+                after += 1
+            later = any(r.dma.queue == copy.queue for r in recs[wait_position + 1 : after])
+            if after == len(recs):
+                stopped = "the end of its block"
+            else:
+                why = _why(recs[after], src_fact, dst_fact, ()) if recs[after].kind != "wait" else None
+                if why is None and later:
+                    why = f"waits with a later transfer of queue {copy.queue}"
+                stopped = _what(recs[after]) + (f" ({why})" if why else "")
         report.append(
             TransferOverlap(
                 function=function,
                 queue=copy.queue,
-                src=_expr_name(copy.src),
-                dst=_expr_name(copy.dst),
-                overlapped=None if wait_index is None else wait_index - copy_index - 1,
-                inflight=None if wait is None else wait.inflight,
-                legacy=wait is not None and wait.legacy,
+                src=_name(copy.src),
+                dst=_name(copy.dst),
+                overlapped=None if wait is None else compute[wait_position] - compute[position + 1],
+                inflight=None if wait is None else wait.dma.inflight,
+                legacy=wait is not None and wait.dma.src is None,
+                merged=wait is not None and wait.dma.src is not None and not (_same(wait.dma.src, src) and _same(wait.dma.dst, dst)),
+                starts_after=starts,
+                stopped_by=stopped,
             )
         )
     return report
 
 
+class _Recorder(_Reader):
+    """A reader that keeps the records of every block instead of planning it."""
+
+    def __init__(self) -> None:
+        super().__init__({})
+        self.blocks: list[list[_Rec]] = []
+
+    def seq(self, seq: relax.Expr, outside: tuple) -> tuple[relax.Expr, tuple, tuple]:
+        if isinstance(seq, relax.SeqExpr):
+            for block in seq.blocks:
+                recs = [self.read(binding, outside) for binding in _ir.bindings_of(block)]
+                self.blocks.append(recs)
+        return seq, self.leaf(seq), _NOTHING
+
+
 def overlap_report(target: relax.Function | tvm.IRModule) -> list[TransferOverlap]:
-    """One :class:`TransferOverlap` per ``dma_copy``, read from IR (sunk or not).
+    """One :class:`TransferOverlap` per ``dma_copy``, read from IR (scheduled or not).
 
     Parameters
     ----------
@@ -804,10 +1000,10 @@ def overlap_report(target: relax.Function | tvm.IRModule) -> list[TransferOverla
     Returns
     -------
     report : list[TransferOverlap]
-        In program order, functions of a module by name.  A five-argument wait
-        is paired with the oldest unpaired copy of its block with the same
-        queue, src and dst; a legacy two-argument wait with the oldest unpaired
-        copy of its queue.
+        In program order, functions of a module by name.  A copy is completed
+        by the first later wait of its block and queue that leaves fewer
+        transfers in flight than were issued after it (FIFO), as the engine
+        does.
     """
     if isinstance(target, relax.Function):
         functions = [(_ir.function_name(target), target)]
@@ -820,8 +1016,10 @@ def overlap_report(target: relax.Function | tvm.IRModule) -> list[TransferOverla
         raise TypeError(f"target must be a relax.Function or an IRModule, got {type(target).__name__}")
     report: list[TransferOverlap] = []
     for name, func in functions:
-        for block in _all_blocks(func):
-            report.extend(_block_report(name, list(_ir.bindings_of(block))))
+        recorder = _Recorder()
+        recorder.function(func, top=True)
+        for recs in recorder.blocks:
+            report.extend(_block_report(name, recs, recorder.leaf))
     return report
 
 
@@ -836,12 +1034,11 @@ def format_overlap_report(report: list[TransferOverlap]) -> str:
     Returns
     -------
     text : str
-        A header line (transfers, how many overlap at least one binding, the
-        total) and one line per transfer, e.g.::
+        A header line (transfers, how many overlap compute, the total) and
+        one line per transfer, e.g.::
 
-            # DMA overlap: 2 transfers, 1 overlapping, 3 bindings overlapped in total
-            #   main: x -> a on queue 0, 3 bindings overlapped (wait inflight 1)
-            #   main: a -> b on queue 0, 0 bindings overlapped (wait inflight 0)
+            # DMA overlap: 2 transfers, 1 overlapping, 3 bindings of compute overlapped in total
+            #   main: x -> a on queue 0, 3 bindings overlapped (wait inflight 1); starts after `a = relax.vm.alloc_tensor` (defines dst); waited before `d = relax.add` (reads dst)
 
         Lines start with ``#`` so the text can follow printed TVMScript.
     """
@@ -849,16 +1046,18 @@ def format_overlap_report(report: list[TransferOverlap]) -> str:
     total = sum(t.overlapped or 0 for t in report)
     lines = [
         f"# DMA overlap: {len(report)} transfer{'' if len(report) == 1 else 's'}, {overlapping} overlapping, "
-        f"{total} binding{'' if total == 1 else 's'} overlapped in total"
+        f"{total} binding{'' if total == 1 else 's'} of compute overlapped in total"
     ]
     for t in report:
         queue = "?" if t.queue is None else str(t.queue)
         where = f"#   {t.function}: {t.src} -> {t.dst} on queue {queue}, "
         if t.overlapped is None:
-            lines.append(where + "no wait in its block")
+            lines.append(where + f"no wait in its block; starts after {t.starts_after}")
             continue
         plural = "" if t.overlapped == 1 else "s"
-        inflight = "?" if t.inflight is None else str(t.inflight)
-        legacy = ", legacy wait" if t.legacy else ""
-        lines.append(where + f"{t.overlapped} binding{plural} overlapped (wait inflight {inflight}{legacy})")
+        notes = ", legacy wait" if t.legacy else ", merged wait" if t.merged else ""
+        lines.append(
+            where + f"{t.overlapped} binding{plural} overlapped (wait inflight {t.inflight}{notes}); "
+            f"starts after {t.starts_after}; waited before {t.stopped_by}"
+        )
     return "\n".join(lines)
