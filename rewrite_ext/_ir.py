@@ -108,6 +108,19 @@ def bindings_of(block: relax.BindingBlock) -> Iterator[relax.Binding]:
         yield from [get(bindings, i) for i in range(start, min(start + _CHUNK, size))]
 
 
+def set_type(expr: relax.Expr, ty: object) -> None:
+    """Give a freshly built ``expr`` its type without normalizing it.
+
+    ``BlockBuilder.normalize`` of a SeqExpr walks every binding again; when
+    the type is already known (a block rebuilt around the same bindings)
+    that walk is pure cost.  TVM's Python API has this only as the private
+    ``tvm.relax.expr._update_type`` (0.26 and 0.27).
+    """
+    from tvm.relax.expr import _update_type
+
+    _update_type(expr, ty)
+
+
 def replace_bound(expr: relax.Expr, bound: dict[int, relax.Var]) -> relax.Expr:
     """``expr`` with each sub-expression that *is* a key of ``bound`` replaced by its var.
 

@@ -203,6 +203,26 @@ def overlap_listing(_namespace: dict[str, Any]) -> str:
     return re.sub(r"^(\s*\w+): .+? = ", r"\1 = ", text, flags=re.M)
 
 
+CHUNKED_INPUT = """
+from tvm.script import relax as R
+
+@R.function(pure=False)
+def main(x: R.Tensor((4456448,), "float32"), out: R.Tensor((4456448,), "float32")):
+    R.vm.copy_tensor(x, out)
+    return out
+"""
+
+
+def chunked_copy(_namespace: dict[str, Any]) -> str:
+    """copy_to_dma of one 17 MiB float32 copy: more bytes than one DMA descriptor carries."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "chunked.py"
+        path.write_text(CHUNKED_INPUT)
+        return copy_to_dma(load_module(str(path))).script(show_meta=False)
+
+
 def rewritten_example(_namespace: dict[str, Any]) -> str:
     return copy_to_dma(example_module()).script(show_meta=False)
 
@@ -319,6 +339,7 @@ BLOCKS = [
     Block("hexagon-dma.md", "mod = copy_to_dma(mod)", "run", hexagon_prelude, check_rewritten("mod")),
     Block("hexagon-dma.md", "vtcm_obj: R.Any = R.vm.alloc_storage", "listing", produce=rewritten_example),
     Block("hexagon-dma.md", "with cpu_dma() as dma:", "run", None, check_cpu_dma_counters),
+    Block("hexagon-dma.md", "R.memory.view(x, R.shape([16777152])", "listing", produce=chunked_copy),
     Block("hexagon-dma.md", "# b may stay in flight", "listing", produce=overlap_listing),
     Block("hexagon-dma.md", "rewrite-ext dma examples/copy_to_vtcm.py --run", "shell"),
     Block("hexagon-dma.md", "mod = stage_in_vtcm(mod, capacity=", "run", staging_prelude, check_staged_and_dma),
@@ -357,8 +378,20 @@ def find(block: Block) -> str:
     return found[0]
 
 
+# Pages whose examples another test runs, session by session, comparing what they print.
+RUN_ELSEWHERE = {
+    "rules.md": ("test_rules.py", "def test_docs_examples_run_and_print_what_the_docs_show("),
+    "testing.md": ("test_checks.py", '(ROOT / "docs" / "testing.md").read_text()'),
+}
+
+
+def test_pages_run_elsewhere_are_run_there():
+    for page, (test_file, marker) in RUN_ELSEWHERE.items():
+        assert marker in (ROOT / "tests" / test_file).read_text(), (page, test_file)
+
+
 def test_every_example_in_docs_is_checked():
-    for page in sorted(path.name for path in DOCS.glob("*.md")):
+    for page in sorted(path.name for path in DOCS.glob("*.md") if path.name not in RUN_ELSEWHERE):
         listed = [block.snippet for block in BLOCKS if block.page == page]
         for lang, code in doc_blocks(page):
             covering = [snippet for snippet in listed if snippet in code]
