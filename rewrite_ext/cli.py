@@ -161,6 +161,11 @@ def _parser() -> argparse.ArgumentParser:
     rewrite.add_argument(
         "--overlap", action="store_true", help="sink each wait to the first use and print the overlap report"
     )
+    rewrite.add_argument(
+        "--report",
+        action="store_true",
+        help="print the rewrite report after the module: copies offered, rewritten, kept as copy_tensor and why",
+    )
     check = dma.add_argument_group("checking on the CPU")
     check.add_argument(
         "--run",
@@ -260,9 +265,12 @@ def _dma(args: argparse.Namespace) -> int:
 
     from .hexagon import copy_to_dma
 
+    from .report import RewriteReport
+
+    report = RewriteReport() if args.report else None
     with _progress.step("rewriting"):
         rewritten = copy_to_dma(
-            original, queue_id=args.queue_id, legacy_wait=args.legacy_wait, overlap=args.overlap
+            original, queue_id=args.queue_id, legacy_wait=args.legacy_wait, overlap=args.overlap, report=report
         )
     out_format = _output_format(args)
     if args.output:
@@ -283,6 +291,8 @@ def _dma(args: argparse.Namespace) -> int:
         from .hexagon.overlap import format_overlap_report, overlap_report
 
         _say(format_overlap_report(overlap_report(rewritten)))
+    if report is not None:
+        _say("# rewrite report\n" + "\n".join(f"# {line}" for line in str(report).splitlines()))
     if inputs is not None:
         return EXIT_OK if _run_and_compare(original, rewritten, inputs) else EXIT_DIFFERENT
     return EXIT_OK

@@ -85,6 +85,27 @@ def test_legacy_wait_and_overlap_still_work():
     assert "# DMA overlap: 3 transfers" in overlap.stdout and "# outputs equal: True" in overlap.stdout
 
 
+def test_report_counts_the_copies_rewritten_and_says_why_one_was_kept(tmp_path):
+    path = module_file(
+        tmp_path,
+        copy_module(
+            """
+            @R.function(pure=False)
+            def main(x: R.Tensor((4,), "float32"), y: R.Tensor(("n",), "float32"), a: R.Tensor((4,), "float32"), b: R.Tensor(("n",), "float32")):
+                R.vm.copy_tensor(x, a)
+                R.vm.copy_tensor(y, b)
+                return a
+            """
+        ),
+    )
+    done = cli("dma", str(path), "--report")
+    assert done.returncode == 0, done.stderr
+    report = done.stdout[done.stdout.index("# rewrite report") :]
+    # the kept copy is offered again in the second pass (the first changed something): 3 offers
+    assert "copy_to_dma_rewriter  3        1          0     2" in report, report
+    assert "not static" in report and "passes per function: main:" in report
+
+
 def test_python_dash_m_and_the_console_script_are_the_same_command():
     script = Path(sys.executable).with_name("rewrite-ext")
     by_script = subprocess.run([script, "dma", EXAMPLE], capture_output=True, text=True, check=False)

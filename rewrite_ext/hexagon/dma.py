@@ -23,7 +23,9 @@ from tvm import relax
 from tvm.relax.dpl import DFPattern, is_op, wildcard
 
 from .. import _ir, ops
+from ..report import RewriteReport
 from ..rewrite import rewrite_call
+from ..rule import Decline
 
 __all__ = [
     "CHUNK_BYTES",
@@ -136,7 +138,7 @@ def _dma_rewriter(
         if nbytes is None:
             # A symbolic size may exceed a descriptor, and a split needs static offsets:
             # declining keeps the synchronous copy, which is right for every size.
-            return None
+            raise Decline("the copy's size is not static: kept as the synchronous copy_tensor")
         if nbytes == 0:
             nothing = relax.Tuple([])  # dropped below: a copy of nothing is no binding
             dropped.append(nothing)
@@ -229,6 +231,7 @@ def copy_to_dma(
     legacy_wait: bool = False,
     overlap: bool = False,
     num_queues: int = 1,
+    report: RewriteReport | None = None,
 ) -> relax.Function | tvm.IRModule:
     """Turn every ``R.vm.copy_tensor(src, dst)`` into a DMA copy and its wait.
 
@@ -258,6 +261,10 @@ def copy_to_dma(
         ``queue_id + num_queues - 1`` (all of them user queues) so
         independent transfers can run side by side; inflight counts stay
         per queue.
+    report : Optional[RewriteReport]
+        Filled as by :func:`rewrite_ext.rewrite_call`: the copies rewritten
+        and those kept as ``copy_tensor`` (a size that is not static), under
+        the rule ``copy_to_dma_rewriter``.
 
     Returns
     -------
@@ -303,7 +310,7 @@ def copy_to_dma(
     rewriter = _dma_rewriter(queues, bypass_cache, legacy_wait, dropped, known)
     # The output holds no copy_tensor it can rewrite, so one pass (and the confirming scan)
     # suffices.
-    result = rewrite_call(copy_tensor_pattern(), rewriter, target, max_iterations=1)
+    result = rewrite_call(copy_tensor_pattern(), rewriter, target, max_iterations=1, report=report)
     if dropped:
         result = _drop_bindings_of(result, dropped)
     if overlap:
@@ -320,12 +327,13 @@ def CopyToDMA(  # noqa: N802 - TVM names passes in CamelCase
     legacy_wait: bool = False,
     overlap: bool = False,
     num_queues: int = 1,
+    report: RewriteReport | None = None,
 ) -> tvm.ir.transform.Pass:
     """The module pass form of :func:`copy_to_dma`, for ``tvm.transform.Sequential``.
 
     Parameters
     ----------
-    queue_id, bypass_cache, legacy_wait, overlap, num_queues
+    queue_id, bypass_cache, legacy_wait, overlap, num_queues, report
         As for :func:`copy_to_dma`.
 
     Returns
@@ -344,6 +352,7 @@ def CopyToDMA(  # noqa: N802 - TVM names passes in CamelCase
             legacy_wait=legacy_wait,
             overlap=overlap,
             num_queues=num_queues,
+            report=report,
         )
 
     return tvm.ir.transform.module_pass(transform, opt_level=0, name="CopyToDMA")
