@@ -1,23 +1,42 @@
-"""Hexagon lowering: the copy-to-DMA reference rewrite and its CPU stand-in."""
+"""Hexagon lowering: staging into VTCM, the copy-to-DMA reference rewrite, and CPU stand-ins."""
 
 from __future__ import annotations
 
 from .cpu_dma import CPUDMA, DMAError, cpu_dma
 from .dma import DMA_COPY, DMA_WAIT, CopyToDMA, copy_tensor_pattern, copy_to_dma
 from .overlap import TransferOverlap, format_overlap_report, overlap_report, sink_dma_waits
-from .vtcm import CPUVTCM, VTCM_SCOPE, StagedTensor, VTCMCapacityWarning, VTCMPlan, cpu_vtcm, plan_vtcm, stage_in_vtcm, vtcm_capacity
+from .vtcm import (
+    CPUVTCM,
+    VTCM_SCOPE,
+    StagedTensor,
+    VTCMCapacityWarning,
+    VTCMPlan,
+    cpu_vtcm,
+    plan_vtcm,
+    stage_in_vtcm,
+    vtcm_capacity,
+)
 
 __all__ = [
     "CPUDMA",
+    "CPUVTCM",
     "DMA_COPY",
     "DMA_WAIT",
+    "VTCM_SCOPE",
     "CopyToDMA",
     "DMAError",
+    "StagedTensor",
     "TransferOverlap",
+    "VTCMCapacityWarning",
+    "VTCMPlan",
     "copy_tensor_pattern",
     "copy_to_dma",
     "cpu_dma",
+    "cpu_vtcm",
     "format_overlap_report",
     "overlap_report",
+    "plan_vtcm",
     "sink_dma_waits",
+    "stage_in_vtcm",
+    "vtcm_capacity",
 ]
