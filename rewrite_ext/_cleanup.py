@@ -20,7 +20,7 @@ from __future__ import annotations
 import tvm
 import tvm_ffi
 from tvm import relax
-from tvm.relax.expr_functor import PyExprMutator, PyExprVisitor, mutator, visitor
+from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from . import _ir
 
@@ -65,7 +65,7 @@ def _cse_keeping_void(func: relax.Function) -> relax.Function:
     """CSE, then the value of every void binding it changed put back."""
     void = {
         b.var: b.value
-        for b in _bindings(func)
+        for b in _ir.all_bindings(func)
         if type(b) is relax.VarBinding and _ir.is_void(b.var.ty) and not isinstance(b.value, relax.Var)
     }
     merged = _through_module(_CSE, func)
@@ -75,7 +75,7 @@ def _cse_keeping_void(func: relax.Function) -> relax.Function:
     # itself); either way the call, and what it does, would be gone.
     changed = {
         b.var: void[b.var]
-        for b in _bindings(merged)
+        for b in _ir.all_bindings(merged)
         if b.var in void
         and not b.value.same_as(void[b.var])
         and not tvm_ffi.structural_equal(b.value, void[b.var])
@@ -104,27 +104,9 @@ def _remove_unused(func: relax.Function) -> relax.Function:
     # A match_cast stays: it checks at run time, and may define symbolic vars used elsewhere.
     removable = [
         binding.var
-        for binding in _bindings(func)
+        for binding in _ir.all_bindings(func)
         if type(binding) is relax.VarBinding
         and not _ir.is_void(binding.var.ty)
         and not _ir.is_impure(binding.value)
     ]
     return _ir.drop_unused_bindings(func, removable) if removable else func
-
-
-def _bindings(func: relax.Function) -> list[relax.Binding]:
-    """Every binding of ``func``, nested blocks (If branches, local functions) included."""
-    found: list[relax.Binding] = []
-
-    @visitor
-    class Collect(PyExprVisitor):
-        def visit_var_binding_(self, binding: relax.VarBinding) -> None:
-            found.append(binding)
-            super().visit_var_binding_(binding)
-
-        def visit_match_cast_(self, binding: relax.MatchCast) -> None:
-            found.append(binding)
-            super().visit_match_cast_(binding)
-
-    Collect().visit_expr(func)
-    return found

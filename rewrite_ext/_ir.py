@@ -7,7 +7,7 @@ from collections.abc import Iterable, Iterator
 import tvm
 import tvm_ffi
 from tvm import relax
-from tvm.relax.expr_functor import PyExprMutator, mutator
+from tvm.relax.expr_functor import PyExprMutator, PyExprVisitor, mutator, visitor
 
 
 def is_void(ty: object) -> bool:
@@ -196,6 +196,27 @@ def function_name(func: relax.Function, default: str = "<anonymous function>") -
     if attrs is not None and "global_symbol" in attrs:
         return str(attrs["global_symbol"])
     return default
+
+
+@visitor
+class _BindingCollector(PyExprVisitor):
+    def __init__(self) -> None:
+        self.found: list[relax.Binding] = []
+
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+        self.found.append(binding)
+        super().visit_var_binding_(binding)
+
+    def visit_match_cast_(self, binding: relax.MatchCast) -> None:
+        self.found.append(binding)
+        super().visit_match_cast_(binding)
+
+
+def all_bindings(expr: relax.Expr) -> list[relax.Binding]:
+    """Every binding of ``expr`` at any depth: blocks, If branches, local functions."""
+    collector = _BindingCollector()
+    collector.visit_expr(expr)
+    return collector.found
 
 
 @mutator

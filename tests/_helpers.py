@@ -9,8 +9,8 @@ import numpy as np
 import tvm
 import tvm_ffi
 from tvm import relax
-from tvm.relax.expr_functor import PyExprVisitor, visitor
 
+from rewrite_ext import _ir
 from rewrite_ext.hexagon import cpu_dma
 
 # ---------------------------------------------------------------------------------------------
@@ -20,20 +20,7 @@ from rewrite_ext.hexagon import cpu_dma
 
 def all_bindings(func: relax.Function) -> list[relax.Binding]:
     """Every binding at any depth: top-level blocks, If branches, nested local functions."""
-    found: list[relax.Binding] = []
-
-    @visitor
-    class Walk(PyExprVisitor):
-        def visit_var_binding_(self, binding):
-            found.append(binding)
-            super().visit_var_binding_(binding)
-
-        def visit_match_cast_(self, binding):
-            found.append(binding)
-            super().visit_match_cast_(binding)
-
-    Walk().visit_expr(func)
-    return found
+    return _ir.all_bindings(func)
 
 
 def op_name(expr: relax.Expr) -> str | None:

@@ -18,7 +18,8 @@ import tvm_ffi
 from tvm import relax
 from tvm.relax.dpl import DFPattern
 
-from ..rewrite import Rewriter, _takes_builder, rewrite_call
+from ..rewrite import rewrite_call
+from ..rule import Rewriter, _takes_builder
 from .running import ResultMismatch, assert_same_results
 
 __all__ = ["CheckReport", "PassReport", "RewriteCheckFailure", "check_pass", "check_rewrite"]

@@ -20,6 +20,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from .. import _ir
+
 __all__ = ["Comparison", "ResultMismatch", "assert_same_results", "random_inputs", "run"]
 
 
@@ -61,22 +63,7 @@ def _main(mod: tvm.IRModule) -> relax.Function:
 
 def _bindings(expr: relax.Expr) -> Iterator[relax.Binding]:
     """Every binding at any depth of ``expr``."""
-    from tvm.relax.expr_functor import PyExprVisitor, visitor
-
-    found: list[relax.Binding] = []
-
-    @visitor
-    class _Walk(PyExprVisitor):
-        def visit_var_binding_(self, binding):
-            found.append(binding)
-            super().visit_var_binding_(binding)
-
-        def visit_match_cast_(self, binding):
-            found.append(binding)
-            super().visit_match_cast_(binding)
-
-    _Walk().visit_expr(expr)
-    return iter(found)
+    return iter(_ir.all_bindings(expr))
 
 
 def _has_if(func: relax.Function) -> bool:
