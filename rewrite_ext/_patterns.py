@@ -65,10 +65,11 @@ def needs_bindings(pattern: P.DFPattern) -> bool:
     if isinstance(pattern, (P.OrPattern, P.AndPattern)):
         return needs_bindings(pattern.left) or needs_bindings(pattern.right)
     if isinstance(pattern, P.CallPattern):
-        if not isinstance(pattern.op, P.ExprPattern):
+        if not isinstance(pattern.op, P.ExprPattern) and not _is_leaf(pattern.op):
             return True
+        # args None (``varg_default_wildcard``) matches any arguments without looking at them
         args = pattern.args
-        return args is None or not all(_is_leaf(arg) for arg in args)
+        return args is not None and not all(_is_leaf(arg) for arg in args)
     return True
 
 

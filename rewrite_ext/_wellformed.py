@@ -50,7 +50,7 @@ class LocalCheck:
     """Hashes of the module's GlobalVars (None for a lone function: not checked)."""
     suspects: list[Suspect] = field(default_factory=list)
     full_check_reasons: list[str] = field(default_factory=list)
-    """Why the local check cannot vouch, besides suspects (a var re-typed, a raw emit)."""
+    """Why the local check cannot vouch, besides suspects (a raw emit, a GlobalVar the module lacks)."""
 
     @property
     def vouches(self) -> bool:
