@@ -177,6 +177,7 @@ NEVER_PATTERN = is_op("relax.nn.conv2d")(_A, _B)  # neither the chains nor the G
 CALL_TIR_PATTERN = is_op("relax.call_tir")(wildcard(), wildcard(), varg_default_wildcard=True)
 KERNEL_PATTERN = is_gv()(varg_default_wildcard=True)  # a call of any GlobalVar: the VM's kernels
 TRACE = "bench.trace_kernel"
+_STRING_IMM = getattr(tvm.ir, "StringImm", None) or relax.StringImm  # tvm.ir in 0.27, relax in 0.26
 
 _ADD = Op.get("relax.add")
 _CALL_TIR = Op.get("relax.call_tir")
@@ -206,7 +207,7 @@ def trace_kernel(orig: relax.Call, matchings, builder: relax.BlockBuilder) -> re
     nothing matches again.  TVM's rewrite_call cannot emit the first binding.
     """
     name = orig.op.name_hint
-    builder.emit(relax.Call(relax.ExternFunc(TRACE), [tvm.ir.StringImm(name)], ty_args=[_VOID]))
+    builder.emit(relax.Call(relax.ExternFunc(TRACE), [_STRING_IMM(name)], ty_args=[_VOID]))
     return relax.Call(relax.ExternFunc(name), orig.args, ty_args=orig.ty_args)
 
 

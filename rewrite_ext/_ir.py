@@ -173,6 +173,9 @@ def is_impure(value: relax.Expr) -> bool:
     return bool(_CONTAINS_IMPURE(value))
 
 
+StringImm = getattr(tvm.ir, "StringImm", None) or relax.StringImm
+"""A string literal in Relax: ``tvm.ir.StringImm`` in TVM 0.27, ``relax.StringImm`` in 0.26."""
+
 # relax.Constant in TVM 0.26; 0.27 moved constants to tvm.ir (GenericConst and friends).
 _LEAVES = (relax.Var, getattr(relax, "Constant", None) or tvm.ir.expr.Constant)
 

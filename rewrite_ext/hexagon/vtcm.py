@@ -43,7 +43,7 @@ from tvm import relax
 from tvm.relax.dpl import ExternFuncPattern, is_gv
 
 from .. import ops
-from .._ir import function_name, static_nbytes, var_name
+from .._ir import StringImm, function_name, static_nbytes, var_name
 from ..rewrite import rewrite_call
 
 __all__ = [
@@ -185,16 +185,27 @@ class VTCMPlan:
 
 def _written_params(func: tvm.tirx.PrimFunc) -> set[int]:
     """The indices of the PrimFunc parameters it may write."""
-    from tvm.s_tir import SBlockRealize
     from tvm.s_tir.analysis import get_sblock_read_write_region
+
+    import tvm.s_tir
+
+    # tvm.s_tir in TVM 0.27, tvm.tirx in 0.26
+    SBlockRealize = getattr(tvm.s_tir, "SBlockRealize", None) or tvm.tirx.SBlockRealize  # noqa: N806
 
     params = list(func.params)
     if not isinstance(func.body, SBlockRealize):  # a scheduled or hand-written kernel: assume all
         return set(range(len(params)))
     # Opaque accesses count as writes too.
     _, writes = get_sblock_read_write_region(func.body.block, {p: p for p in params})
-    written = {region.source for region in writes}
-    return {i for i, p in enumerate(params) if any(p.same_as(w) for w in written)}
+    # A region names its buffer as .source (TVM 0.27: the parameter) or .buffer (0.26: the Buffer).
+    written = [region.source if hasattr(region, "source") else region.buffer for region in writes]
+    buffer_map = func.buffer_map if hasattr(func, "buffer_map") else {}  # 0.26 has it, 0.27 not
+
+    def is_written(param: tvm.tirx.Var) -> bool:
+        buffer = buffer_map.get(param)
+        return any(param.same_as(w) or (buffer is not None and buffer.same_as(w)) for w in written)
+
+    return {i for i, p in enumerate(params) if is_written(p)}
 
 
 _ALLOC_TENSOR = ("relax.vm.alloc_tensor", "relax.memory.alloc_tensor")
@@ -203,7 +214,7 @@ _ALLOC_TENSOR = ("relax.vm.alloc_tensor", "relax.memory.alloc_tensor")
 def _scope_of(call: relax.Call) -> str | None:
     """The storage scope of an ``alloc_storage`` call (``R.vm`` or ``R.memory``)."""
     if isinstance(call.op, tvm.ir.Op) and call.op.name in ("relax.vm.alloc_storage", "relax.memory.alloc_storage"):
-        return next((str(a.value) for a in call.args if isinstance(a, tvm.ir.StringImm)), None)
+        return next((str(a.value) for a in call.args if isinstance(a, StringImm)), None)
     return None
 
 
