@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 import tvm
+import tvm_ffi
 from tvm import relax
 
 from . import _cleanup, _ir
@@ -63,6 +64,7 @@ def apply(
                     changed.append(gvar.name_hint)
         new_mod = tvm.IRModule(functions, attrs=target.attrs, global_infos=target.global_infos)
         if changed:
+            _check_signatures(target, new_mod, changed)
             _verify(new_mod, target, changed, ruleset, check)
         return new_mod
     raise TypeError(f"target must be a relax.Function or an IRModule, got {type(target).__name__}")
@@ -86,6 +88,9 @@ def _rewrite_function(
         if not result.changes:
             break
         if count == max_iterations:
+            # A result that does not converge because it reads an undefined var is reported as such.
+            if check.suspects:
+                _verify(result.func, func, [name], rules, check)
             shown = ", ".join(f"'{v}'" for v in result.changed_names)
             more = result.changes - len(result.changed_names)
             descriptions = " or ".join(rule.description for rule in rules.rules)
@@ -95,16 +100,49 @@ def _rewrite_function(
                 f"{shown}{f' and {more} more' if more else ''}. Make the rewriter's output not "
                 "match its own pattern, or raise max_iterations"
             )
-        current = result.func
         if cleanup:
-            current = _cleanup.cleanup(current)
+            cleaned = _cleanup.cleanup(result.func)
+            # TVM's rule: a pass whose cleaned result equals its input changed nothing (a
+            # rewriter rebuilding an equal computation converges).
+            if tvm_ffi.structural_equal(cleaned, current):
+                break
+            current = cleaned
         else:
+            current = result.func
             interior.extend(result.interior)
     if recorder is not None:
         recorder.passes(name, count + 1)
     if interior:
         current = _ir.drop_unused_bindings(current, interior)
     return current
+
+
+def _check_signatures(old: tvm.IRModule, new: tvm.IRModule, changed: list[str]) -> None:
+    """A rewritten function another function of the module calls must keep its return type.
+
+    A rewrite may re-type the function's result (the var it returns); its callers' bindings
+    keep the old type, which ``well_formed`` does not compare, and would get a value of another
+    shape at run time.
+    """
+    callers: dict[str, list[str]] | None = None
+    for name in changed:
+        before, after = old[name], new[name]
+        if tvm_ffi.structural_equal(before.ret_ty, after.ret_ty):
+            continue
+        if callers is None:
+            callers = {}
+            for gvar, func in new.functions_items():
+                if isinstance(func, relax.Function):
+                    for callee in relax.analysis.all_global_vars(func):
+                        if callee.name_hint != gvar.name_hint:
+                            callers.setdefault(callee.name_hint, []).append(gvar.name_hint)
+        if name in callers:
+            raise RewriteError(
+                f"rewrite_ext: in function '{name}': the rewrite changed its return type from "
+                f"{before.ret_ty} to {after.ret_ty}, but {', '.join(sorted(set(callers[name])))} "
+                "call(s) it and expect the old type; return a value of the old type, or rewrite "
+                "the callers too"
+            )
 
 
 def _verify(

@@ -567,3 +567,26 @@ def test_cleanup_keeps_every_void_and_impure_binding_of_random_lowered_functions
     cleaned = rewrite_call(COPY, to_dma_with_a_check, mod, cleanup=True)
     relax.analysis.well_formed(cleaned)
     assert _effects(cleaned["main"]) == _effects(plain["main"])
+
+
+def test_cleanup_lets_a_rewriter_that_rebuilds_an_equal_computation_converge_as_tvm_does():
+    # TVM's rewrite_call converges here: its cleanups merge the rebuilt exp with the old one and
+    # the function comes out equal to what the pass started from.
+    @R.function
+    def f(x: R.Tensor((4, 4), "float32")):
+        with R.dataflow():
+            e = R.exp(x)
+            s = R.sum(e, axis=[1])
+            R.output(s)
+        return s
+
+    y = wildcard()
+    pattern = is_op("relax.sum")(is_op("relax.exp")(y))
+
+    def same_again(orig, m):
+        return relax.op.sum(relax.op.exp(m[y]), axis=orig.attrs.axis, keepdims=orig.attrs.keepdims)
+
+    out = rewrite_call(pattern, same_again, f, cleanup=True)
+    tvm.ir.assert_structural_equal(out, relax.dpl.rewrite_call(pattern, same_again, f))
+    with pytest.raises(RewriteError, match="did not converge"):
+        rewrite_call(pattern, same_again, f)  # without the cleanups each pass adds an exp

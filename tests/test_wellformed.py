@@ -713,3 +713,47 @@ def test_matchings_are_what_tvms_matcher_gives_and_a_returned_bound_value_become
     # Returned as is, that value refers to e: nothing is computed twice.
     out = rewrite_call(pattern, lambda orig, m: relax.op.multiply(m[other], m[other]), exp_twice)
     assert [str(b.value) for b in out.body.blocks[0].bindings] == ["R.exp(x)", "R.multiply(e, e)"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Found by trying the library as a new user
+# ---------------------------------------------------------------------------------------------
+
+
+def test_an_undefined_var_in_a_rewrite_that_keeps_matching_is_reported_as_not_well_formed():
+    @R.function
+    def f(x: R.Tensor((4,), "float32")):
+        with R.dataflow():
+            a = R.add(x, x)
+            R.output(a)
+        return a
+
+    ghost = relax.Var("ghost", relax.TensorType((4,), "float32"))
+    with pytest.raises(RewriteError, match="not well formed") as info:
+        rewrite_call(ADD, lambda orig, m: relax.op.add(m[X], ghost), f)
+    assert_names(str(info.value), "f", "a", "ghost")
+
+
+def test_a_return_type_change_of_a_function_other_functions_call_is_an_error_naming_them():
+    @I.ir_module
+    class Mod:
+        @R.function
+        def main(x: R.Tensor((4,), "float32")) -> R.Tensor((4,), "float32"):
+            y = R.add(x, x)
+            return y
+
+        @R.function
+        def caller(a: R.Tensor((4,), "float32")) -> R.Tensor((4,), "float32"):
+            cls = Mod
+            r: R.Tensor((4,), "float32") = cls.main(a)
+            return r
+
+    def broadcast(orig, m):
+        return relax.op.broadcast_to(m[X], (3, 4))
+
+    with pytest.raises(RewriteError, match="changed its return type") as info:
+        rewrite_call(ADD, broadcast, Mod)
+    assert "'main'" in str(info.value) and "caller" in str(info.value)
+    # a lone function may change its own return type: nothing else sees it
+    out = rewrite_call(ADD, broadcast, Mod["main"])
+    assert [int(d) for d in out.ret_ty.shape.values] == [3, 4]
