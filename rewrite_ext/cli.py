@@ -9,6 +9,7 @@ rewritten ``main`` on the CPU and compares their outputs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import os
 import re
@@ -209,6 +210,19 @@ def _say(text: str) -> None:
     sys.stdout.write(text if text.endswith("\n") else text + "\n")
 
 
+# Set when the module itself goes to stdout as JSON: the `# ...` notes (run verdict, reports)
+# then go to stderr, so that stdout stays valid JSON.
+_NOTES_TO_STDERR = False
+
+
+def _note(text: str) -> None:
+    """A `# ...` line for the reader: stdout, or stderr while stdout carries JSON."""
+    if _NOTES_TO_STDERR:
+        sys.stderr.write(text if text.endswith("\n") else text + "\n")
+    else:
+        _say(text)
+
+
 def _prepare_run(original: tvm.IRModule, args: argparse.Namespace) -> Inputs:
     """The inputs of --run, made before the rewrite so that a hopeless --run fails fast."""
     from ._cpu_run import InputError, make_inputs
@@ -226,6 +240,22 @@ def _prepare_run(original: tvm.IRModule, args: argparse.Namespace) -> Inputs:
         raise CLIError(str(exc)) from None
 
 
+def _holds_dma(mod: tvm.IRModule) -> bool:
+    """Whether a Relax function of ``mod`` calls the DMA builtins (a module rewritten before)."""
+    from . import _ir
+    from .hexagon.dma import DMA_COPY
+
+    for _, func in mod.functions_items():
+        if isinstance(func, tvm.relax.Function):
+            for binding in _ir.all_bindings(func):
+                value = binding.value
+                if isinstance(value, tvm.relax.Call) and len(value.args):
+                    callee = value.args[0]
+                    if isinstance(callee, tvm.relax.ExternFunc) and str(callee.global_symbol) == DMA_COPY:
+                        return True
+    return False
+
+
 def _run_and_compare(original: tvm.IRModule, rewritten: tvm.IRModule, inputs: Inputs) -> bool:
     """Run both modules' main; print the verdict and the DMA stand-in's counters."""
     from ._cpu_run import compare_outputs, run_main
@@ -233,10 +263,12 @@ def _run_and_compare(original: tvm.IRModule, rewritten: tvm.IRModule, inputs: In
 
     if inputs.bound:
         values = ", ".join(f"{name}={value}" for name, value in sorted(inputs.bound.items()))
-        _say(f"# symbolic vars: {values} (set with --bind NAME=VALUE)")
+        _note(f"# symbolic vars: {values} (set with --bind NAME=VALUE)")
     with _progress.step("building and running the original main on the CPU"):
         try:
-            expected = run_main(original, inputs)
+            # A module that already holds DMA builtins (rewritten before) runs under the stand-in too.
+            with cpu_dma() if _holds_dma(original) else contextlib.nullcontext():
+                expected = run_main(original, inputs)
         except Exception as exc:  # noqa: BLE001 - TVM's build or VM, about the input module
             raise CLIError(f"the original module does not run on the CPU: {_first_line(exc)}") from None
     with _progress.step("building and running the rewritten main under cpu_dma()"):
@@ -245,14 +277,14 @@ def _run_and_compare(original: tvm.IRModule, rewritten: tvm.IRModule, inputs: In
                 got = run_main(rewritten, inputs)
         except Exception as exc:  # noqa: BLE001 - e.g. DMAError: the rewrite broke the module
             # The original ran: a rewritten module that fails computes something else.
-            _say("# outputs equal: False")
-            _say(f"# the rewritten module fails under cpu_dma(): {type(exc).__name__}: {_first_line(exc)}")
+            _note("# outputs equal: False")
+            _note(f"# the rewritten module fails under cpu_dma(): {type(exc).__name__}: {_first_line(exc)}")
             return False
     verdict = compare_outputs(expected, got)
-    _say(f"# outputs equal: {verdict.equal}")
+    _note(f"# outputs equal: {verdict.equal}")
     if not verdict.equal:
-        _say(f"# {verdict.difference}")
-    _say(f"# cpu_dma: {dma.summary()}")
+        _note(f"# {verdict.difference}")
+    _note(f"# cpu_dma: {dma.summary()}")
     return verdict.equal
 
 
@@ -282,6 +314,8 @@ def _dma(args: argparse.Namespace) -> int:
             after = (rewritten.script(show_meta=False) + "\n").splitlines(keepends=True)
             sys.stdout.writelines(difflib.unified_diff(before, after, f"{args.file} (before)", f"{args.file} (after)"))
     elif not args.output:
+        global _NOTES_TO_STDERR
+        _NOTES_TO_STDERR = out_format is not FileFormat.TVMSCRIPT
         with _progress.step(f"printing ({out_format.value})"):
             text = rewritten.script(show_meta=False) if out_format is FileFormat.TVMSCRIPT else module_text(
                 rewritten, out_format
@@ -290,9 +324,9 @@ def _dma(args: argparse.Namespace) -> int:
     if args.overlap:
         from .hexagon.overlap import format_overlap_report, overlap_report
 
-        _say(format_overlap_report(overlap_report(rewritten)))
+        _note(format_overlap_report(overlap_report(rewritten)))
     if report is not None:
-        _say("# rewrite report\n" + "\n".join(f"# {line}" for line in str(report).splitlines()))
+        _note("# rewrite report\n" + "\n".join(f"# {line}" for line in str(report).splitlines()))
     if inputs is not None:
         return EXIT_OK if _run_and_compare(original, rewritten, inputs) else EXIT_DIFFERENT
     return EXIT_OK

@@ -83,11 +83,17 @@ class Snapshot:
 
 
 def tvm_cleanups(func: relax.Function) -> relax.Function:
-    """CanonicalizeBindings, EliminateCommonSubexpr and remove_all_unused, once."""
-    mod = tvm.IRModule({"f": func})
-    mod = relax.transform.CanonicalizeBindings()(mod)
-    mod = relax.transform.EliminateCommonSubexpr()(mod)
-    return relax.analysis.remove_all_unused(mod["f"])
+    """CanonicalizeBindings, EliminateCommonSubexpr and remove_all_unused, repeated until they
+    change nothing, as TVM's rewrite_call runs them (one round can leave a trivial binding that
+    the next canonicalizes)."""
+    while True:
+        mod = tvm.IRModule({"f": func})
+        mod = relax.transform.CanonicalizeBindings()(mod)
+        mod = relax.transform.EliminateCommonSubexpr()(mod)
+        cleaned = relax.analysis.remove_all_unused(mod["f"])
+        if tvm_ffi.structural_equal(cleaned, func):
+            return cleaned
+        func = cleaned
 
 
 # ---------------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ stderr.  Every case of issue 20 is here: reading without running, JSON in and ou
 from __future__ import annotations
 
 import os
+import json
 import subprocess
 import sys
 import textwrap
@@ -104,6 +105,16 @@ def test_report_counts_the_copies_rewritten_and_says_why_one_was_kept(tmp_path):
     # the kept copy is offered again in the second pass (the first changed something): 3 offers
     assert "copy_to_dma_rewriter  3        1          0     2" in report, report
     assert "not static" in report and "passes per function: main:" in report
+
+
+def test_json_on_stdout_stays_json_and_a_rewritten_module_runs_again(tmp_path):
+    first = tmp_path / "first.json"
+    assert cli("dma", EXAMPLE, "-o", str(first)).returncode == 0
+    # the input already holds the DMA builtins: the original runs under cpu_dma() too
+    done = cli("dma", str(first), "--run", "--report", "--output-format", "json")
+    assert done.returncode == 0, done.stderr
+    json.loads(done.stdout)  # the notes went to stderr
+    assert "# outputs equal: True" in done.stderr and "# rewrite report" in done.stderr
 
 
 def test_python_dash_m_and_the_console_script_are_the_same_command():

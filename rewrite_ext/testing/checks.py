@@ -71,12 +71,16 @@ class _Counting:
             def three(orig, matchings, builder):
                 return self._count(orig, self.rewriter(orig, matchings, builder))
 
-            return three
+            wrapper = three
+        else:
 
-        def two(orig, matchings):
-            return self._count(orig, self.rewriter(orig, matchings))
+            def two(orig, matchings):
+                return self._count(orig, self.rewriter(orig, matchings))
 
-        return two
+            wrapper = two
+        # Errors and reports name the rule after the user's rewriter, not this wrapper.
+        wrapper.__name__ = getattr(self.rewriter, "__name__", type(self.rewriter).__name__)
+        return wrapper
 
     def _count(self, orig: relax.Expr, result: Any) -> Any:
         self.calls += 1
