@@ -396,3 +396,22 @@ def test_plan_stays_within_capacity_and_gives_live_tensors_their_own_slots(lengt
     assert len(caught) == (1 if plan.left_in_place else 0)
     assert text.count(f'R.str("{VTCM_SCOPE}")') == len(slots)
     assert text.count("R.vm.copy_tensor(") == len(plan.staged)
+
+
+def test_a_module_not_lowered_yet_gets_a_warning_that_nothing_was_staged():
+    from tvm.script import ir as I
+    from tvm.script import relax as R
+
+    @I.ir_module
+    class High:
+        @R.function
+        def main(x: R.Tensor((4,), "float32")):
+            with R.dataflow():
+                y = R.add(x, x)
+                R.output(y)
+            return y
+
+    legalized = relax.transform.LegalizeOps()(High)
+    with pytest.warns(UserWarning, match="not lowered yet"):
+        out = stage_in_vtcm(legalized, capacity=4096)
+    tvm.ir.assert_structural_equal(out, legalized)

@@ -43,7 +43,7 @@ from tvm import relax
 from tvm.relax.dpl import ExternFuncPattern, is_gv
 
 from .. import ops
-from .._ir import StringImm, function_name, static_nbytes, var_name
+from .._ir import StringImm, all_bindings, function_name, static_nbytes, var_name
 from ..rewrite import rewrite_call
 
 __all__ = [
@@ -382,6 +382,18 @@ def _staging_rewriter(plan: VTCMPlan) -> Callable[[relax.Expr, dict, relax.Block
     return stage_rewriter
 
 
+def _holds_call_tir(target: relax.Function | tvm.IRModule) -> bool:
+    functions = [target] if isinstance(target, relax.Function) else [
+        f for _, f in target.functions_items() if isinstance(f, relax.Function)
+    ]
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+    return any(
+        isinstance(b.value, relax.Call) and b.value.op.same_as(call_tir)
+        for f in functions
+        for b in all_bindings(f)
+    )
+
+
 def stage_in_vtcm(
     target: tvm.IRModule,
     *,
@@ -433,6 +445,14 @@ def stage_in_vtcm(
             f"stage_in_vtcm: {len(plan.left_in_place)} tensor(s) do not fit in {plan.capacity} bytes of "
             "VTCM and stay where they are: " + "; ".join(str(t) for t in plan.left_in_place),
             VTCMCapacityWarning,
+            stacklevel=2,
+        )
+    if not plan.tensors and _holds_call_tir(target):
+        warnings.warn(
+            "stage_in_vtcm: nothing staged: the module still holds R.call_tir, so it is not lowered "
+            "yet; stage after TVM's CallTIRRewrite and StaticPlanBlockMemory (see LOWER_TO_VM_IR in "
+            "examples/mlp_vtcm.py and docs/hexagon-dma.md)",
+            UserWarning,
             stacklevel=2,
         )
     kernel_call = is_gv()(varg_default_wildcard=True) | ExternFuncPattern("")(varg_default_wildcard=True)
