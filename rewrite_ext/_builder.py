@@ -44,6 +44,8 @@ class RewriterBuilder(relax.BlockBuilder):
         """While a rewriter runs: hash of each value bound earlier -> its var; else None."""
         self.lent = False
         """True while a rewriter runs."""
+        self.raw_emits = False
+        """Set when the rewriter called ``emit_normalized`` (reset for each rewriter call)."""
 
     # The traversal's own frame handling: the guarded methods, unguarded.
     def begin_frame(self, is_dataflow: bool) -> None:
@@ -73,6 +75,13 @@ class RewriterBuilder(relax.BlockBuilder):
     def normalize(self, expr: relax.Expr) -> relax.Expr:  # noqa: D102
         return super().normalize(self.use_vars(expr))
 
+    def emit_normalized(self, binding: relax.Binding) -> None:  # noqa: D102
+        # A binding built by hand may re-bind a var defined elsewhere: only the full
+        # well-formedness check can tell, so the traversal is told to run it.
+        if self.lent:
+            self.raw_emits = True
+        super().emit_normalized(binding)
+
 
 def _guarded(name: str):
     method = getattr(relax.BlockBuilder, name)
@@ -94,14 +103,3 @@ def _guarded(name: str):
 for _name in _FRAME_METHODS:
     setattr(RewriterBuilder, _name, _guarded(_name))
 
-
-def _emit_normalized(self: RewriterBuilder, binding: relax.Binding) -> None:
-    # A binding built by hand may re-bind a var defined elsewhere: only the full
-    # well-formedness check can tell, so the traversal is told to run it.
-    if self.lent:
-        self.raw_emits = True
-    relax.BlockBuilder.emit_normalized(self, binding)
-
-
-RewriterBuilder.emit_normalized = _emit_normalized  # type: ignore[method-assign]
-RewriterBuilder.raw_emits = False

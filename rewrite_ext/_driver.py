@@ -93,9 +93,8 @@ def _rewrite_function(
                 _verify(result.func, func, [name], rules, check)
             shown = ", ".join(f"'{v}'" for v in result.changed_names)
             more = result.changes - len(result.changed_names)
-            descriptions = " or ".join(rule.description for rule in rules.rules)
             raise RewriteError(
-                f"rewrite_ext: in function '{name}', pattern {descriptions}: did not converge "
+                f"rewrite_ext: in function '{name}', pattern {rules.description}: did not converge "
                 f"after max_iterations={max_iterations} passes; bindings still matching: "
                 f"{shown}{f' and {more} more' if more else ''}. Make the rewriter's output not "
                 "match its own pattern, or raise max_iterations"
@@ -176,9 +175,8 @@ def _verify(
             "defined where the binding stands; use the vars and values in matchings, or what "
             f"builder.emit returned. relax.analysis.well_formed says: {verdict}"
         )
-    descriptions = " or ".join(rule.description for rule in rules.rules)
     raise RewriteError(
-        f"rewrite_ext: in function '{', '.join(names)}', pattern {descriptions}: the rewritten IR "
+        f"rewrite_ext: in function '{', '.join(names)}', pattern {rules.description}: the rewritten IR "
         f"is not well formed ({'; '.join(check.full_check_reasons)}): {verdict}"
     )
 

@@ -21,13 +21,12 @@ from dataclasses import dataclass, field
 import tvm
 import tvm_ffi
 from tvm import relax
-from tvm.relax.dpl import DFPattern
+from tvm.relax.dpl import DFPattern, WildcardPattern
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from . import _ir
+from . import _ir, _wellformed
 from ._builder import BuilderMisuse, RewriterBuilder
 from ._patterns import ANY_GLOBAL_VAR
-from . import _wellformed
 from ._wellformed import LocalCheck
 from .errors import RewriteError, remember
 from .report import Recorder
@@ -53,6 +52,8 @@ class RuleSet:
             key: sorted(found + self.any_value, key=lambda item: item[0]) for key, found in by_op.items()
         }
         self.sees_through = any(rule.lookup_depth != 0 for rule in self.rules)
+        self.description = " or ".join(rule.description for rule in self.rules)
+        """The rules' patterns, for messages that name no single rule."""
 
     def candidates(self, value: relax.Expr) -> list[tuple[int, Rule]]:
         """The rules that may match ``value``, in order."""
@@ -66,7 +67,7 @@ class RuleSet:
         return self.any_value
 
     def block_has_candidate(self, block: relax.BindingBlock) -> bool:
-        """Whether a binding of ``block`` may match (or holds blocks of its own, if ``nested``)."""
+        """Whether a binding of ``block`` may match."""
         return self._scan(block, nested=False)
 
     def function_may_match(self, func: relax.Function) -> bool:
@@ -175,7 +176,7 @@ class FunctionPass(PyExprMutator):
         # mutator, which substitutes the new var; before, an unchanged one is re-emitted as is.
         self.remapped = False
         self.retyped_by: tuple[str, Rule | None] = ("", None)
-        """The first binding whose var was re-typed, and the rule that rewrote it."""
+        """The latest binding whose var was re-typed, and the rule that rewrote it."""
         self.error: BaseException | None = None
         self._used: set[relax.Var] | None = None
 
@@ -268,7 +269,7 @@ class FunctionPass(PyExprMutator):
             if isinstance(exc, RewriteError):
                 raise
             retyped, rule = self.retyped_by
-            self._fail_in(
+            self._fail(
                 binding,
                 rule,
                 f"the rewrite of binding '{retyped}' changed its var's type, and TVM cannot type "
@@ -387,7 +388,6 @@ class FunctionPass(PyExprMutator):
                 self._fail(binding, rule, str(exc))
             except Exception as exc:  # noqa: BLE001 - any failure of user code is reported
                 self._fail(binding, rule, f"the rewriter raised {type(exc).__name__}: {exc}", exc)
-            builder.lent, builder.bound = False, None
             if _ir.is_expr(new_value) and not new_value.same_as(value):
                 # Normalized in the rewriter's frame: nested values it binds count as emitted.
                 if bound:
@@ -440,19 +440,10 @@ class FunctionPass(PyExprMutator):
         block: _Block,
     ) -> None:
         """Purity, void values, and the local well-formedness check of what the match added."""
-        scope = self.scopes[-1]
-        if block.is_dataflow or scope.checks_purity:
-            where = "a DataflowBlock" if block.is_dataflow else "a pure function"
-            fix = (
-                "rewrite after leaving dataflow (e.g. after relax.transform.ToNonDataflow, or on "
-                "the lowered function)"
-                if block.is_dataflow
-                else "mark the function impure with @R.function(pure=False), or rewrite it "
-                "after TVM's lowering, which marks it relax.force_pure"
-            )
+        if block.is_dataflow or self.scopes[-1].checks_purity:
             for what, expr in [*(("emitted", b.value) for b in emitted), ("returned", new_value)]:
                 if expr is not None and _ir.is_impure(expr):
-                    self._fail(binding, rule, f"the rewriter {what} the impure call `{expr}` into {where}; {fix}")
+                    self._fail_impure(rule, binding, what, expr, block.is_dataflow)
         if new_value is not None and _ir.is_void(new_value.ty) and not _ir.is_void(binding.var.ty):
             if binding.var in self._used_vars():
                 self._fail(
@@ -462,6 +453,23 @@ class FunctionPass(PyExprMutator):
                     "is used later; only a binding whose var is unused may become void",
                 )
         self._check_vars(rule, binding, value, emitted, new_value, block)
+
+    def _fail_impure(
+        self, rule: Rule, binding: relax.Binding, what: str, expr: relax.Expr, is_dataflow: bool
+    ) -> None:
+        if is_dataflow:
+            where = "a DataflowBlock"
+            fix = (
+                "rewrite after leaving dataflow (e.g. after relax.transform.ToNonDataflow, or on "
+                "the lowered function)"
+            )
+        else:
+            where = "a pure function"
+            fix = (
+                "mark the function impure with @R.function(pure=False), or rewrite it after TVM's "
+                "lowering, which marks it relax.force_pure"
+            )
+        self._fail(binding, rule, f"the rewriter {what} the impure call `{expr}` into {where}; {fix}")
 
     def _check_vars(
         self,
@@ -539,11 +547,9 @@ class FunctionPass(PyExprMutator):
 
     def _note_interior(self, matched: tvm.ir.container.Map, root: relax.Expr, bound: dict[int, relax.Var]) -> None:
         """Bindings a non-wildcard sub-pattern saw through, to drop later if nothing reads them."""
-        from tvm.relax.dpl import pattern as P
-
         for pattern, expr in matched.items():
             var = bound.get(hash(expr))
-            if var is not None and not expr.same_as(root) and not isinstance(pattern, P.WildcardPattern):
+            if var is not None and not expr.same_as(root) and not isinstance(pattern, WildcardPattern):
                 self.result.interior.append(var)
 
     # -- errors ----------------------------------------------------------------------------
@@ -551,10 +557,7 @@ class FunctionPass(PyExprMutator):
     def _scope_name(self) -> str:
         return self.scopes[-1].name if self.scopes else self.top_name
 
-    def _fail(self, binding: relax.Binding, rule: Rule, what: str, cause: BaseException | None = None) -> None:
-        self._fail_in(binding, rule, what, cause)
-
-    def _fail_in(
+    def _fail(
         self, binding: relax.Binding, rule: Rule | None, what: str, cause: BaseException | None = None
     ) -> None:
         pattern = f", pattern {rule.description}" if rule is not None else ""

@@ -41,9 +41,10 @@ class Suspect:
 class LocalCheck:
     """The well-formedness verdict of one rewrite, built match by match.
 
-    The traversal reports each match's new bindings to :meth:`check_reads`
-    and :meth:`check_defines`; the driver runs TVM's full check when
-    :attr:`vouches` is False.
+    The traversal reports what each match's new bindings read to
+    :meth:`check_reads` (it checks itself that the vars they define are new)
+    and anything else only TVM can judge to :meth:`defer`; the driver runs
+    TVM's full check when :attr:`vouches` is False.
     """
 
     global_vars: set[int] | None
