@@ -240,26 +240,10 @@ def _prepare_run(original: tvm.IRModule, args: argparse.Namespace) -> Inputs:
         raise CLIError(str(exc)) from None
 
 
-def _holds_dma(mod: tvm.IRModule) -> bool:
-    """Whether a Relax function of ``mod`` calls the DMA builtins (a module rewritten before)."""
-    from . import _ir
-    from .hexagon.dma import DMA_COPY
-
-    for _, func in mod.functions_items():
-        if isinstance(func, tvm.relax.Function):
-            for binding in _ir.all_bindings(func):
-                value = binding.value
-                if isinstance(value, tvm.relax.Call) and len(value.args):
-                    callee = value.args[0]
-                    if isinstance(callee, tvm.relax.ExternFunc) and str(callee.global_symbol) == DMA_COPY:
-                        return True
-    return False
-
-
 def _run_and_compare(original: tvm.IRModule, rewritten: tvm.IRModule, inputs: Inputs) -> bool:
     """Run both modules' main; print the verdict and the DMA stand-in's counters."""
     from ._cpu_run import compare_outputs, run_main
-    from .hexagon.cpu_dma import cpu_dma
+    from .hexagon.cpu_dma import calls_dma, cpu_dma
 
     if inputs.bound:
         values = ", ".join(f"{name}={value}" for name, value in sorted(inputs.bound.items()))
@@ -267,7 +251,7 @@ def _run_and_compare(original: tvm.IRModule, rewritten: tvm.IRModule, inputs: In
     with _progress.step("building and running the original main on the CPU"):
         try:
             # A module that already holds DMA builtins (rewritten before) runs under the stand-in too.
-            with cpu_dma() if _holds_dma(original) else contextlib.nullcontext():
+            with cpu_dma() if calls_dma(original) else contextlib.nullcontext():
                 expected = run_main(original, inputs)
         except Exception as exc:  # noqa: BLE001 - TVM's build or VM, about the input module
             raise CLIError(f"the original module does not run on the CPU: {_first_line(exc)}") from None

@@ -67,6 +67,28 @@ __all__ = [
     "SYNC_DMA_QUEUE",
 ]
 
+
+def calls_dma(mod: tvm.IRModule) -> bool:
+    """Whether a Relax function of ``mod`` calls a Hexagon builtin, so runs on the CPU need
+    :func:`cpu_dma` (a module rewritten by ``copy_to_dma`` before, say)."""
+    from tvm import relax
+
+    from .. import _ir
+
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            for binding in _ir.all_bindings(func):
+                value = binding.value
+                if (
+                    isinstance(value, relax.Call)
+                    and isinstance(value.op, tvm.ir.Op)
+                    and value.op.name == "relax.call_builtin_with_ctx"
+                    and isinstance(value.args[0], relax.ExternFunc)
+                    and str(value.args[0].global_symbol).startswith("vm.builtin.hexagon.")
+                ):
+                    return True
+    return False
+
 #: Queues of the Hexagon user DMA engine (hexagon_user_dma.h); ids must be below this.
 MAX_DMA_QUEUES = 10
 #: The queue the runtime keeps for its own synchronous copies (SYNC_DMA_QUEUE).

@@ -12,7 +12,7 @@ differs, with the inputs that show it.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,25 +61,8 @@ def _main(mod: tvm.IRModule) -> relax.Function:
     return mod["main"]
 
 
-def _bindings(expr: relax.Expr) -> Iterator[relax.Binding]:
-    """Every binding at any depth of ``expr``."""
-    return iter(_ir.all_bindings(expr))
-
-
 def _has_if(func: relax.Function) -> bool:
-    return any(isinstance(b.value, relax.If) for b in _bindings(func))
-
-
-def _calls_dma(mod: tvm.IRModule) -> bool:
-    for _, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            for binding in _bindings(func):
-                value = binding.value
-                if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
-                    if value.op.name == "relax.call_builtin_with_ctx":
-                        if str(value.args[0].global_symbol).startswith("vm.builtin.hexagon."):
-                            return True
-    return False
+    return any(isinstance(b.value, relax.If) for b in _ir.all_bindings(func))
 
 
 # ---------------------------------------------------------------------------
@@ -135,7 +118,7 @@ def _symbols(func: relax.Function) -> list[str]:
 
     for param in func.params:
         visit(param.ty)
-    for binding in _bindings(func):
+    for binding in _ir.all_bindings(func):
         if isinstance(binding, relax.MatchCast):
             visit(binding.var.ty)
     return names
@@ -309,12 +292,12 @@ def run(
     if inputs is None:
         inputs = random_inputs(mod, seed, sizes=sizes)
     executable = _build(mod)
+    from ..hexagon.cpu_dma import calls_dma, cpu_dma
+
     if dma is None:
-        dma = _calls_dma(mod)
+        dma = calls_dma(mod)
     context: contextlib.AbstractContextManager = contextlib.nullcontext()
     if dma:
-        from ..hexagon import cpu_dma
-
         context = cpu_dma()
     with context:
         # Made inside cpu_dma(): the VM binds the builtins when it is constructed.
