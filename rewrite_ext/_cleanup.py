@@ -23,6 +23,7 @@ from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from . import _ir
+from .compat import ty
 
 __all__ = ["cleanup"]
 
@@ -66,7 +67,7 @@ def _cse_keeping_void(func: relax.Function) -> relax.Function:
     void = {
         b.var: b.value
         for b in _ir.all_bindings(func)
-        if type(b) is relax.VarBinding and _ir.is_void(b.var.ty) and not isinstance(b.value, relax.Var)
+        if type(b) is relax.VarBinding and _ir.is_void(ty(b.var)) and not isinstance(b.value, relax.Var)
     }
     merged = _through_module(_CSE, func)
     if not void:
@@ -106,7 +107,7 @@ def _remove_unused(func: relax.Function) -> relax.Function:
         binding.var
         for binding in _ir.all_bindings(func)
         if type(binding) is relax.VarBinding
-        and not _ir.is_void(binding.var.ty)
+        and not _ir.is_void(ty(binding.var))
         and not _ir.is_impure(binding.value)
     ]
     return _ir.drop_unused_bindings(func, removable) if removable else func

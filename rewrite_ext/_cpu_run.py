@@ -16,6 +16,7 @@ import numpy as np
 import tvm
 import tvm_ffi
 from tvm import relax
+from .compat import PrimType, ShapeType, TensorType, TupleType, dtype_name, ty, var_name
 
 __all__ = ["Inputs", "InputError", "Outputs", "compare_outputs", "make_inputs", "run_main"]
 
@@ -38,9 +39,6 @@ class Inputs:
     """Symbolic var name to the value chosen, for those ``main``'s parameters use."""
 
 
-def _dtype_name(dtype: Any) -> str:
-    # A PrimType in TVM 0.27's TensorType.dtype, a DataType or str elsewhere.
-    return str(getattr(dtype, "dtype", dtype))
 
 
 def _numpy_dtype(name: str) -> np.dtype:
@@ -98,15 +96,15 @@ class _InputMaker:
         return operation(a, b)
 
     def make(self, ty: Any, where: str) -> Any:
-        if isinstance(ty, relax.TensorType):
+        if isinstance(ty, TensorType):
             return self.tensor(ty, where)
-        if isinstance(ty, relax.ShapeType):
+        if isinstance(ty, ShapeType):
             if ty.values is None:
                 raise InputError(f"{where} is {ty} with unknown dims: --run cannot make a shape for it")
             return tvm_ffi.Shape([self.value_of(v, where) for v in ty.values])
-        if isinstance(ty, tvm.ir.PrimType):
-            return self.prim(_dtype_name(ty.dtype), where)
-        if isinstance(ty, relax.TupleType):
+        if isinstance(ty, PrimType):
+            return self.prim(dtype_name(ty), where)
+        if isinstance(ty, TupleType):
             return [self.make(field_ty, f"{where}[{i}]") for i, field_ty in enumerate(ty.fields)]
         raise InputError(
             f"{where} is {ty}: --run makes random inputs only for tensors, shapes, prim values"
@@ -122,11 +120,11 @@ class _InputMaker:
             return float(self.rng.standard_normal())
         raise InputError(f"{where} is a prim value of dtype {dtype}: --run cannot make one")
 
-    def tensor(self, ty: relax.TensorType, where: str) -> tvm.runtime.Tensor:
+    def tensor(self, ty: TensorType, where: str) -> tvm.runtime.Tensor:
         if ty.shape is None or not isinstance(ty.shape, relax.ShapeExpr):
             raise InputError(f"{where} is {ty} with unknown shape: --run needs its dims (static or symbolic)")
         shape = [self.value_of(dim, where) for dim in ty.shape.values]
-        dtype = _dtype_name(ty.dtype)
+        dtype = dtype_name(ty)
         try:
             np_dtype = _numpy_dtype(dtype)
         except TypeError:
@@ -161,7 +159,7 @@ def make_inputs(func: relax.Function, bindings: Mapping[str, int], seed: int = 0
         unknown rank), naming it.
     """
     maker = _InputMaker(bindings, np.random.default_rng(seed))
-    values = [maker.make(param.ty, f"main's parameter {param.name!r}") for param in func.params]
+    values = [maker.make(ty(param), f"main's parameter {var_name(param)!r}") for param in func.params]
     return Inputs(values, maker.bound)
 
 

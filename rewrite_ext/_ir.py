@@ -8,11 +8,13 @@ import tvm
 import tvm_ffi
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, PyExprVisitor, mutator, visitor
+from .compat import TensorType, TupleType, dtype_name, ty_args
+from .compat import set_type, var_name  # noqa: F401 (re-exported: used as _ir.set_type, _ir.var_name)
 
 
 def is_void(ty: object) -> bool:
     """Whether ``ty`` is the empty tuple type ``R.Tuple()``, the type of a void call."""
-    return type(ty) is relax.TupleType and len(ty.fields) == 0
+    return type(ty) is TupleType and len(ty.fields) == 0
 
 
 # isinstance against TVM's classes goes through ABCMeta (~0.15 us a check); values are told
@@ -39,22 +41,16 @@ def is_expr(value: object) -> bool:
     return found
 
 
-def var_name(var: relax.Var) -> str:
-    """A var's name: ``Var.name`` in TVM 0.27, ``Var.name_hint`` before."""
-    name = getattr(var, "name_hint", None)
-    return str(name if name is not None else var.name)
-
-
 def static_nbytes(ty: object) -> int | None:
     """The bytes of a tensor type of static shape and dtype (runtime rounding), else None."""
-    if not isinstance(ty, relax.TensorType) or ty.dtype is None or not isinstance(ty.shape, relax.ShapeExpr):
+    if not isinstance(ty, TensorType) or ty.dtype is None or not isinstance(ty.shape, relax.ShapeExpr):
         return None
     count = 1
     for dim in ty.shape.values:
         if not isinstance(dim, tvm.tirx.IntImm):
             return None
         count *= int(dim)
-    dtype = ty.dtype.dtype  # TensorType.dtype is a PrimType; its .dtype has bits and lanes
+    dtype = tvm.DataType(dtype_name(ty))
     return count * ((dtype.bits * dtype.lanes + 7) // 8)
 
 
@@ -108,19 +104,6 @@ def bindings_of(block: relax.BindingBlock) -> Iterator[relax.Binding]:
         yield from [get(bindings, i) for i in range(start, min(start + _CHUNK, size))]
 
 
-def set_type(expr: relax.Expr, ty: object) -> None:
-    """Give a freshly built ``expr`` its type without normalizing it.
-
-    ``BlockBuilder.normalize`` of a SeqExpr walks every binding again; when
-    the type is already known (a block rebuilt around the same bindings)
-    that walk is pure cost.  TVM's Python API has this only as the private
-    ``tvm.relax.expr._update_type`` (0.26 and 0.27).
-    """
-    from tvm.relax.expr import _update_type
-
-    _update_type(expr, ty)
-
-
 def replace_bound(expr: relax.Expr, bound: dict[int, relax.Var]) -> relax.Expr:
     """``expr`` with each sub-expression that *is* a key of ``bound`` replaced by its var.
 
@@ -136,7 +119,7 @@ def replace_bound(expr: relax.Expr, bound: dict[int, relax.Var]) -> relax.Expr:
         args = elements(expr.args)
         new_args = [replace_bound(arg, bound) for arg in args]
         if any(not new.same_as(old) for new, old in zip(new_args, args)):
-            return relax.Call(expr.op, new_args, expr.attrs, expr.ty_args, expr.span)
+            return relax.Call(expr.op, new_args, expr.attrs, ty_args(expr), expr.span)
     elif cls is relax.Tuple:
         fields = elements(expr.fields)
         new_fields = [replace_bound(field, bound) for field in fields]

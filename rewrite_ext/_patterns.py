@@ -6,9 +6,10 @@ from collections.abc import Iterator
 
 from tvm import ir
 from tvm.relax.dpl import pattern as P
+from .compat import TypePattern
 
 # Patterns that only constrain what they wrap: the wrapped pattern decides the root op.
-_WRAPPERS = (P.TypePattern, P.DataTypePattern, P.ShapePattern, P.AttrPattern)
+_WRAPPERS = (TypePattern, P.DataTypePattern, P.ShapePattern, P.AttrPattern)
 # Patterns that match a leaf without looking through a var's binding.
 _LEAVES = (P.WildcardPattern, P.VarPattern, P.GlobalVarPattern, P.ExternFuncPattern)
 

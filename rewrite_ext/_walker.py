@@ -31,6 +31,7 @@ from ._wellformed import LocalCheck
 from .errors import RewriteError, remember
 from .report import Recorder
 from .rule import Decline, Rule
+from .compat import ty, with_type
 
 NAMES_SHOWN = 10
 """Bindings a non-convergence message names."""
@@ -444,7 +445,7 @@ class FunctionPass(PyExprMutator):
             for what, expr in [*(("emitted", b.value) for b in emitted), ("returned", new_value)]:
                 if expr is not None and _ir.is_impure(expr):
                     self._fail_impure(rule, binding, what, expr, block.is_dataflow)
-        if new_value is not None and _ir.is_void(new_value.ty) and not _ir.is_void(binding.var.ty):
+        if new_value is not None and _ir.is_void(ty(new_value)) and not _ir.is_void(ty(binding.var)):
             if binding.var in self._used_vars():
                 self._fail(
                     binding,
@@ -532,9 +533,9 @@ class FunctionPass(PyExprMutator):
             new_value = self.visit_expr(new_value)
         var = binding.var
         if type(binding) is relax.MatchCast:
-            new_binding = relax.MatchCast(var, new_value, binding.ty)
+            new_binding = relax.MatchCast(var, new_value, ty(binding))
         else:
-            new_var = self.with_type(var, new_value.ty)
+            new_var = with_type(self, var, ty(new_value))
             if not new_var.same_as(var):
                 self.set_var_remap(var, new_var)
                 self.remapped = True

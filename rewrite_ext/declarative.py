@@ -38,6 +38,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from . import _ir
 from .rule import Decline, Rule
+from .compat import has_ty, ty, ty_args
 
 __all__ = ["rule_from_module"]
 
@@ -177,20 +178,20 @@ def _check_signatures(pattern: relax.Function, replacement: relax.Function) -> N
         )
     # One comparison over all types, so a symbolic var (n in R.Tensor(("n",))) must stand
     # for the same thing in both signatures; free vars map since each function has its own.
-    p_types = [p.ty for p in p_params] + [pattern.ty.ret]
-    r_types = [r.ty for r in r_params] + [replacement.ty.ret]
+    p_types = [ty(p) for p in p_params] + [ty(pattern).ret]
+    r_types = [ty(r) for r in r_params] + [ty(replacement).ret]
     if tvm_ffi.structural_equal(p_types, r_types, map_free_vars=True):
         return
     for i, (p, r) in enumerate(zip(p_params, r_params)):
-        if not tvm_ffi.structural_equal(p.ty, r.ty, map_free_vars=True):
+        if not tvm_ffi.structural_equal(ty(p), ty(r), map_free_vars=True):
             raise ValueError(
-                f"rule_from_module: parameter {i} has type {p.ty} in 'pattern' ('{_ir.var_name(p)}') "
-                f"but {r.ty} in 'replacement' ('{_ir.var_name(r)}'); annotate both alike"
+                f"rule_from_module: parameter {i} has type {ty(p)} in 'pattern' ('{_ir.var_name(p)}') "
+                f"but {ty(r)} in 'replacement' ('{_ir.var_name(r)}'); annotate both alike"
             )
-    if not tvm_ffi.structural_equal(pattern.ty.ret, replacement.ty.ret, map_free_vars=True):
+    if not tvm_ffi.structural_equal(ty(pattern).ret, ty(replacement).ret, map_free_vars=True):
         raise ValueError(
-            f"rule_from_module: 'pattern' returns {pattern.ty.ret} but 'replacement' returns "
-            f"{replacement.ty.ret}; the replacement's result takes the matched value's place, so "
+            f"rule_from_module: 'pattern' returns {ty(pattern).ret} but 'replacement' returns "
+            f"{ty(replacement).ret}; the replacement's result takes the matched value's place, so "
             "both must have the same type"
         )
     raise ValueError(
@@ -218,7 +219,7 @@ class _PatternMaker:
 
     def __init__(self, func: relax.Function) -> None:
         self.func = func
-        self.params = [wildcard().has_ty(p.ty) for p in func.params]
+        self.params = [has_ty(wildcard(), ty(p)) for p in func.params]
         self.by_var: dict[relax.Var, DFPattern] = dict(zip(func.params, self.params))
         self.bindings: dict[relax.Var, relax.Binding] = {
             b.var: b for block in func.body.blocks for b in _ir.elements(block.bindings)
@@ -235,7 +236,7 @@ class _PatternMaker:
             isinstance(result, relax.Tuple)
             and len(result.fields) == 0
             and ordered
-            and _ir.is_void(ordered[-1].var.ty)
+            and _ir.is_void(ty(ordered[-1].var))
         ):
             result = ordered[-1].var  # a void pattern: its last binding is what it matches
         root = self.of(result)
@@ -268,7 +269,7 @@ class _PatternMaker:
                 binding = self.bindings[expr]  # well formed: every var is a param or bound
                 found = self.of(binding.value)
                 if isinstance(binding, relax.MatchCast):
-                    found = found.has_ty(binding.ty)
+                    found = has_ty(found, ty(binding))
                 self.by_var[expr] = found
             return found
         if isinstance(expr, relax.Call):
@@ -285,7 +286,7 @@ class _PatternMaker:
                     "may call ops, extern functions and its parameters only"
                 )
             found = callee(*[self.of(arg) for arg in expr.args])
-            if expr.attrs is not None or len(expr.ty_args):
+            if expr.attrs is not None or len(ty_args(expr)):
                 self.checks.append((found, expr))
             return found
         if isinstance(expr, relax.ExternFunc):  # R.call_pure_packed("name", ...) holds one
@@ -340,9 +341,9 @@ class _Instantiate:
             op = getattr(written.op, "name", None) or str(written.op)
             if not tvm_ffi.structural_equal(matched.attrs, written.attrs):
                 raise Decline(f"{op}: attributes {matched.attrs} differ from the pattern's {written.attrs}")
-            if not tvm_ffi.structural_equal(matched.ty_args, written.ty_args, map_free_vars=True):
+            if not tvm_ffi.structural_equal(ty_args(matched), ty_args(written), map_free_vars=True):
                 raise Decline(
-                    f"{op}: ty_args {list(matched.ty_args)} differ from the pattern's {list(written.ty_args)}"
+                    f"{op}: ty_args {list(ty_args(matched))} differ from the pattern's {list(ty_args(written))}"
                 )
         # Fresh vars at every match: a var is defined once per function, and the replacement's
         # nested scopes (If branches, local functions) are copied whole.
@@ -356,7 +357,7 @@ class _Instantiate:
             isinstance(last, relax.VarBinding)
             and (
                 result.same_as(last.var)
-                or (isinstance(result, relax.Tuple) and len(result.fields) == 0 and _ir.is_void(last.var.ty))
+                or (isinstance(result, relax.Tuple) and len(result.fields) == 0 and _ir.is_void(ty(last.var)))
             )
         ):
             bindings.pop()
@@ -368,7 +369,7 @@ class _Instantiate:
             name = _ir.var_name(binding.var)
             name = "" if name == "_" else name  # TVMScript's name for a bare statement
             if isinstance(binding, relax.MatchCast):
-                emitted[binding.var] = builder.match_cast(value, binding.ty, name)
+                emitted[binding.var] = builder.match_cast(value, ty(binding), name)
             else:
                 emitted[binding.var] = builder.emit(value, name)
         return substitute.visit_expr(result) if emitted else result

@@ -4,7 +4,7 @@ No PyPI release of TVM has this op (the TVM forum thread "Use relax
 builtin_with_ctx operator in rewrite_call" uses it as its seed), so importing
 this module registers it when TVM lacks it:
 
-- ``FInferType``: ``R.Tuple()`` (void), after checking two tensor arguments;
+- ``FInferType`` (``FInferStructInfo`` in TVM 0.25): ``R.Tuple()`` (void), after checking two tensor arguments;
 - ``FPurity``: ``False``, since it writes into ``dst``;
 - ``FLowerBuiltin``: ``R.call_packed("runtime.TVMTensorCopyFromTo", src, dst)``,
   a copy TVM's C++ runtime already provides, so built modules run with
@@ -26,6 +26,7 @@ from tvm import relax
 from tvm.ir import Op
 
 from ._ir import static_nbytes
+from .compat import INFER_TYPE_ATTR, ObjectType, TensorType, TupleType, ty
 
 __all__ = ["COPY_TENSOR_OP", "copy_tensor"]
 
@@ -42,7 +43,7 @@ _RUNTIME_COPY = "runtime.TVMTensorCopyFromTo"
 # re-import or reload) from a future TVM's own op.
 _OWNER_ATTR = "rewrite_ext.registered"
 
-_VOID = relax.TupleType([])
+_VOID = TupleType([])
 
 
 def copy_tensor(src: relax.Expr, dst: relax.Expr) -> relax.Call:
@@ -93,13 +94,13 @@ def _infer_type(call: relax.Call, _builder: relax.BlockBuilder) -> relax.Type:
     # wrong module fails where it is built, not when it runs.
     if len(call.args) != 2:
         raise ValueError(f"{COPY_TENSOR_OP} takes 2 arguments (src, dst), got {len(call.args)}")
-    types = [arg.ty for arg in call.args]
-    for name, ty in zip(("src", "dst"), types):
-        # AnyType: an opaque object may still be a tensor at run time.
-        if not isinstance(ty, (relax.TensorType, relax.AnyType)):
-            raise TypeError(f"{COPY_TENSOR_OP}: {name} must be a tensor, got {ty}")
-    if all(isinstance(ty, relax.TensorType) for ty in types):
-        src_bytes, dst_bytes = (static_nbytes(ty) for ty in types)
+    types = [ty(arg) for arg in call.args]
+    for name, arg_type in zip(("src", "dst"), types):
+        # R.Object: an opaque object may still be a tensor at run time.
+        if not isinstance(arg_type, (TensorType, ObjectType)):
+            raise TypeError(f"{COPY_TENSOR_OP}: {name} must be a tensor, got {arg_type}")
+    if all(isinstance(arg_type, TensorType) for arg_type in types):
+        src_bytes, dst_bytes = (static_nbytes(arg_type) for arg_type in types)
         if src_bytes is not None and dst_bytes is not None and src_bytes != dst_bytes:
             raise ValueError(
                 f"{COPY_TENSOR_OP}: src holds {src_bytes} bytes ({types[0]}) but dst holds "
@@ -111,7 +112,7 @@ def _infer_type(call: relax.Call, _builder: relax.BlockBuilder) -> relax.Type:
 def _lower(_builder: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     # Called by relax.transform.VMBuiltinLower (part of relax.build); a call of an
     # ExternFunc is a packed call, which both VM exec modes emit.
-    return relax.Call(relax.ExternFunc(_RUNTIME_COPY), list(call.args), ty_args=[_VOID], span=call.span)
+    return relax.Call(relax.ExternFunc(_RUNTIME_COPY), list(call.args), None, [_VOID], call.span)
 
 
 def _register() -> None:
@@ -121,7 +122,7 @@ def _register() -> None:
     if not exists:
         # register_op_attr creates the op on first use.  Attributes can be set
         # only once per level, hence the check above rather than re-setting them.
-        tvm.ir.register_op_attr(COPY_TENSOR_OP, "FInferType", _infer_type)
+        tvm.ir.register_op_attr(COPY_TENSOR_OP, INFER_TYPE_ATTR, _infer_type)
         tvm.ir.register_op_attr(COPY_TENSOR_OP, "FPurity", False)
         tvm.ir.register_op_attr(COPY_TENSOR_OP, "FLowerBuiltin", _lower)
         op = Op.get(COPY_TENSOR_OP)

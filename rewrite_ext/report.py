@@ -17,6 +17,7 @@ from tvm import relax
 
 from . import _ir
 from .rule import Rule
+from .compat import ty
 
 __all__ = ["RewriteReport", "RuleReport"]
 
@@ -165,7 +166,7 @@ class Recorder:
 def _label(binding: relax.Binding) -> str:
     """The binding's var name; for a void binding (TVMScript names them all ``_``), with its callee."""
     name = _ir.var_name(binding.var)
-    if not _ir.is_void(binding.var.ty):
+    if not _ir.is_void(ty(binding.var)):
         return name
     value = binding.value
     callee = ""

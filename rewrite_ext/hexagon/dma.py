@@ -26,6 +26,7 @@ from .. import _ir, ops
 from ..report import RewriteReport
 from ..rewrite import rewrite_call
 from ..rule import Decline
+from ..compat import TY_ARGS, TupleType, ty
 
 __all__ = [
     "CHUNK_BYTES",
@@ -43,7 +44,7 @@ DMA_WAIT = "vm.builtin.hexagon.dma_wait"
 
 _SRC = wildcard()
 _DST = wildcard()
-_VOID = relax.TupleType([])
+_VOID = TupleType([])
 
 
 def copy_tensor_pattern() -> DFPattern:
@@ -76,7 +77,7 @@ def _builtin(name: str, args: list[relax.Expr]) -> relax.Call:
     # TVMScript round trip in TVM 0.27.  Given a list, relax.op converts each argument
     # and the name again, which takes most of the time of a rewrite; an in-line Tuple of
     # what are already expressions builds the same call about 3x faster.
-    return relax.op.call_builtin_with_ctx(_extern(name), relax.Tuple(args), ty_args=[_VOID])
+    return relax.op.call_builtin_with_ctx(_extern(name), relax.Tuple(args), **{TY_ARGS: [_VOID]})
 
 
 #: User queues of the engine: the runtime keeps queue 9 (``SYNC_DMA_QUEUE``) for its own
@@ -92,7 +93,7 @@ CHUNK_BYTES = MAX_DESCRIPTOR_BYTES - MAX_DESCRIPTOR_BYTES % 64
 def _copy_nbytes(src: relax.Expr, dst: relax.Expr) -> int | None:
     """The bytes a copy moves when either side's type fixes them, else None."""
     for side in (src, dst):
-        nbytes = _ir.static_nbytes(side.ty)
+        nbytes = _ir.static_nbytes(ty(side))
         if nbytes is not None:
             return nbytes
     return None

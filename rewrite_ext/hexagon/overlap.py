@@ -69,6 +69,7 @@ from tvm import relax
 
 from .. import _ir
 from .dma import _DMA, DMA_COPY, DMA_WAIT, _extern, _imm
+from ..compat import PrimType, ShapeType, TensorType, TupleType, set_type, ty, ty_args
 
 __all__ = ["TransferOverlap", "format_overlap_report", "overlap_report", "sink_dma_waits"]
 
@@ -138,7 +139,7 @@ def _int(expr: object) -> int | None:
 
 _VARS = frozenset({relax.Var, relax.DataflowVar})
 _NESTED = frozenset({relax.Tuple, relax.TupleGetItem, relax.Call, relax.If, relax.SeqExpr, relax.Function})
-_VOID = relax.TupleType([])
+_VOID = TupleType([])
 
 
 def _h(obj: object) -> int:
@@ -258,7 +259,7 @@ class _Reader:
             return self.leaf(expr.tuple_value)
         if isinstance(expr, (relax.Call, relax.If, relax.SeqExpr, relax.Function)):
             return _ANY
-        if isinstance(expr, _CONSTANT) and isinstance(expr.ty, relax.TensorType):
+        if isinstance(expr, _CONSTANT) and isinstance(ty(expr), TensorType):
             # Constants are memory like any other, and a copy may write one.
             return (_OUT,)
         return _NOTHING  # immediates, shapes, strings, dtypes, callee names
@@ -273,7 +274,7 @@ class _Reader:
         outside = (_OUT,) if top else _ANY
         for param in func.params:
             # Types are read for parameters only (few): an int or a shape holds no memory.
-            self.facts[_h(param)] = outside if _may_hold_memory(param.ty) else _NOTHING
+            self.facts[_h(param)] = outside if _may_hold_memory(ty(param)) else _NOTHING
             self.params.add(_h(param))
         old = func.body  # each access makes a new wrapper: compare with this one
         body, _, _ = self.seq(old, outside)
@@ -319,7 +320,7 @@ class _Reader:
         if all(new is old for new, (old, _, _) in zip(new_blocks, blocks)):
             return seq, self.leaf(seq.body), tuple(touched)
         new_seq = relax.SeqExpr(new_blocks, seq.body, seq.span)
-        _ir.set_type(new_seq, seq.ty)
+        set_type(new_seq, ty(seq))
         return new_seq, self.leaf(seq.body), tuple(touched)
 
     def read(self, binding: relax.Binding, outside: tuple) -> _Rec:
@@ -353,7 +354,7 @@ class _Reader:
             new = value
             if true is not old_true or false is not old_false:
                 new = relax.If(value.cond, true, false, value.span)
-                _ir.set_type(new, value.ty)
+                set_type(new, ty(value))
         else:
             new, fact, inner = self.seq(value, _ANY)
             touched = tuple(set(captured) | set(inner))
@@ -418,7 +419,7 @@ class _Reader:
         offset = 0
         if len(args) > 3 and not (isinstance(args[3], relax.Tuple) and len(args[3].fields) == 0):
             offset = _int(args[3])
-        nbytes = _ir.static_nbytes(call.ty)
+        nbytes = _ir.static_nbytes(ty(call))
         return tuple(
             (root, start + offset, start + offset + nbytes)
             if start is not None and offset is not None and nbytes is not None
@@ -448,9 +449,9 @@ def _nbytes(shape: object, dtype: object) -> int | None:
 
 
 def _may_hold_memory(ty: object) -> bool:
-    if isinstance(ty, (relax.ShapeType, tvm.ir.PrimType)):
+    if isinstance(ty, (ShapeType, PrimType)):
         return False
-    if isinstance(ty, relax.TupleType):
+    if isinstance(ty, TupleType):
         return any(_may_hold_memory(field) for field in ty.fields)
     return True
 
@@ -724,12 +725,12 @@ def _with_inflight(wait: _Rec, inflight: int) -> relax.VarBinding:
             call = _MAKE_CALL(_VOID, _CALL_BUILTIN, [_extern(DMA_WAIT), _MAKE_TUPLE(fields, None)], None, [_VOID], None)
         else:
             call = relax.Call(_CALL_BUILTIN, [_extern(DMA_WAIT), relax.Tuple(fields)], None, [_VOID])
-            _ir.set_type(call, _VOID)
+            set_type(call, _VOID)
     else:
         fields = list(dma.fields)
-        fields[1] = tvm.tirx.IntImm(str(fields[1].ty.dtype), inflight)
-        call = relax.Call(old.op, [old.args[0], relax.Tuple(fields)], old.attrs, old.ty_args, old.span)
-        _ir.set_type(call, old.ty if old.ty is not None else _VOID)
+        fields[1] = tvm.tirx.IntImm(str(ty(fields[1]).dtype), inflight)
+        call = relax.Call(old.op, [old.args[0], relax.Tuple(fields)], old.attrs, ty_args(old), old.span)
+        set_type(call, ty(old) if ty(old) is not None else _VOID)
     return relax.VarBinding(wait.binding.var, call)
 
 

@@ -45,6 +45,7 @@ from tvm.relax.dpl import ExternFuncPattern, is_gv
 from .. import ops
 from .._ir import StringImm, all_bindings, function_name, static_nbytes, var_name
 from ..rewrite import rewrite_call
+from ..compat import ty, ty_args
 
 __all__ = [
     "VTCM_SCOPE",
@@ -293,14 +294,14 @@ def _plan_function(
                 continue
             chosen: dict[relax.Expr, list[int]] = {}
             for index, arg in enumerate(value.args):
-                if arg in in_vtcm or static_nbytes(arg.ty) in (None, 0):
+                if arg in in_vtcm or static_nbytes(ty(arg)) in (None, 0):
                     continue
                 if kernel[1] is not None and index in kernel[1]:
                     continue  # an output: copying it in would lose what the kernel writes
                 if select(value, index):
                     chosen.setdefault(arg, []).append(index)
             if chosen:
-                calls.append((value, [_Choice(_arg_name(a), tuple(ix), static_nbytes(a.ty)) for a, ix in chosen.items()]))
+                calls.append((value, [_Choice(_arg_name(a), tuple(ix), static_nbytes(ty(a))) for a, ix in chosen.items()]))
     sizes, placed = _assign_slots([[c.nbytes for c in choices] for _, choices in calls], capacity)
     return calls, sizes, placed
 
@@ -371,13 +372,13 @@ def _staging_rewriter(plan: VTCMPlan) -> Callable[[relax.Expr, dict, relax.Block
             arg = args[tensor.indices[0]]
             # Offset 0: TVM's CPU kernels reject tensors at a non-zero byte offset.
             copy = builder.emit(
-                relax_vm.alloc_tensor(storages[key], 0, arg.ty.shape, str(arg.ty.dtype)),
+                relax_vm.alloc_tensor(storages[key], 0, ty(arg).shape, str(ty(arg).dtype)),
                 name_hint=f"{tensor.argument}_vtcm",
             )
             builder.emit(ops.copy_tensor(arg, copy))
             for index in tensor.indices:
                 args[index] = copy
-        return relax.Call(orig.op, args, orig.attrs, orig.ty_args, orig.span)
+        return relax.Call(orig.op, args, orig.attrs, ty_args(orig), orig.span)
 
     return stage_rewriter
 

@@ -17,7 +17,7 @@ computed so far that ``accepts`` it, then each further operand among those
 for which ``partner`` holds; when none does and the spec has ``weight``, a new
 parameter of that type is added to the function (as the weights of a matmul or
 a conv2d are).  ``make`` receives the operands (typed ``relax.Var``, so
-``x.ty.shape`` and ``x.ty.dtype`` can be read) and ``choice``, a drawn integer
+``ty(x).shape`` and ``ty(x).dtype`` can be read) and ``choice``, a drawn integer
 from 0 to 31 for the op's variants (an axis, a target dtype, a kernel size),
 which shrinks towards 0.
 """
@@ -35,6 +35,7 @@ import tvm
 import tvm_ffi
 from tvm import relax
 from tvm.relax import op as rop
+from ..compat import TensorType, dtype_name, ty
 
 __all__ = [
     "DEFAULT_OPS",
@@ -51,7 +52,7 @@ __all__ = [
     "same_dim",
 ]
 
-def dims(ty: relax.TensorType) -> tuple:
+def dims(ty: TensorType) -> tuple:
     """The shape of a tensor type: ints where static, ``PrimExpr`` where symbolic."""
     values = []
     for d in ty.shape.values:
@@ -59,22 +60,22 @@ def dims(ty: relax.TensorType) -> tuple:
     return tuple(values)
 
 
-def dtype(ty: relax.TensorType) -> str:
+def dtype(ty: TensorType) -> str:
     """The dtype of a tensor type, as a string."""
-    return str(ty.dtype.dtype) if hasattr(ty.dtype, "dtype") else str(ty.dtype)
+    return dtype_name(ty)
 
 
-def is_float(ty: relax.TensorType) -> bool:
+def is_float(ty: TensorType) -> bool:
     """Whether the tensor type has a float dtype."""
     return dtype(ty).startswith(("float", "bfloat"))
 
 
-def is_int(ty: relax.TensorType) -> bool:
+def is_int(ty: TensorType) -> bool:
     """Whether the tensor type has a (signed or unsigned) integer dtype."""
     return dtype(ty).startswith(("int", "uint"))
 
 
-def is_numeric(ty: relax.TensorType) -> bool:
+def is_numeric(ty: TensorType) -> bool:
     """Whether the tensor type has a float or integer dtype (not bool)."""
     return is_float(ty) or is_int(ty)
 
@@ -88,7 +89,7 @@ def same_dim(a, b) -> bool:
     return bool(tvm_ffi.structural_equal(a, b))
 
 
-def broadcastable(*types: relax.TensorType) -> bool:
+def broadcastable(*types: TensorType) -> bool:
     """Whether tensors of these types broadcast together (numpy rules, symbolic dims exact)."""
     shapes = [dims(t) for t in types]
     rank = max(len(s) for s in shapes)
@@ -121,7 +122,7 @@ class OpSpec:
         next operand after the types ``chosen`` so far.  The default: numeric,
         the first operand's dtype, and broadcastable with every chosen operand.
     weight : Callable, optional
-        ``weight(chosen, choice)``: the ``relax.TensorType`` of a new function
+        ``weight(chosen, choice)``: the ``TensorType`` of a new function
         parameter to use as the next operand when no computed tensor fits
         ``partner``; ``None`` (the default): the op is then not generated there.
     """
@@ -129,11 +130,11 @@ class OpSpec:
     name: str
     make: Callable[..., relax.Expr]
     operands: int = 1
-    accepts: Callable[[relax.TensorType], bool] = is_numeric
-    partner: Callable[[Sequence[relax.TensorType], relax.TensorType, int], bool] | None = None
-    weight: Callable[[Sequence[relax.TensorType], int], relax.TensorType] | None = None
+    accepts: Callable[[TensorType], bool] = is_numeric
+    partner: Callable[[Sequence[TensorType], TensorType, int], bool] | None = None
+    weight: Callable[[Sequence[TensorType], int], TensorType] | None = None
 
-    def fits(self, chosen: Sequence[relax.TensorType], ty: relax.TensorType, choice: int) -> bool:
+    def fits(self, chosen: Sequence[TensorType], ty: TensorType, choice: int) -> bool:
         """Whether ``ty`` may be the next operand after ``chosen``."""
         if self.partner is not None:
             return self.partner(chosen, ty, choice)
@@ -175,26 +176,26 @@ def _reshape_targets(shape: tuple) -> list[tuple]:
 
 
 def _reshape(x: relax.Expr, choice: int) -> relax.Expr:
-    targets = _reshape_targets(dims(x.ty))
+    targets = _reshape_targets(dims(ty(x)))
     return rop.reshape(x, list(targets[choice % len(targets)]))
 
 
 def _permute(x: relax.Expr, choice: int) -> relax.Expr:
-    perms = list(itertools.permutations(range(x.ty.ndim)))
+    perms = list(itertools.permutations(range(ty(x).ndim)))
     # A non-identity permutation first, so a shrunk choice (0) still transposes.
     perms = perms[1:] + perms[:1]
     return rop.permute_dims(x, list(perms[choice % len(perms)]))
 
 
 def _axis(x: relax.Expr, choice: int) -> int:
-    return choice % max(x.ty.ndim, 1)
+    return choice % max(ty(x).ndim, 1)
 
 
 def _reduce(fn: Callable) -> Callable:
     def make(x: relax.Expr, choice: int) -> relax.Expr:
-        if x.ty.ndim == 0:
+        if ty(x).ndim == 0:
             return fn(x)
-        return fn(x, axis=[_axis(x, choice)], keepdims=bool(choice // max(x.ty.ndim, 1) % 2))
+        return fn(x, axis=[_axis(x, choice)], keepdims=bool(choice // max(ty(x).ndim, 1) % 2))
 
     return make
 
@@ -206,9 +207,9 @@ def _matmul_partner(chosen, ty, choice) -> bool:
     return same_dim(dims(a)[-1], dims(ty)[0])
 
 
-def _matmul_weight(chosen, choice) -> relax.TensorType:
+def _matmul_weight(chosen, choice) -> TensorType:
     (a,) = chosen
-    return relax.TensorType([dims(a)[-1], choice % 4 + 1], dtype(a))
+    return TensorType([dims(a)[-1], choice % 4 + 1], dtype(a))
 
 
 def _concat_partner(chosen, ty, choice) -> bool:
@@ -223,14 +224,14 @@ def _concat(x: relax.Expr, y: relax.Expr, choice: int) -> relax.Expr:
     return rop.concat([x, y], axis=_axis(x, choice))
 
 
-def _splittable(ty: relax.TensorType) -> bool:
+def _splittable(ty: TensorType) -> bool:
     return ty.ndim > 0 and any(_static(d) and d >= 2 for d in dims(ty))
 
 
 def _split(x: relax.Expr, choice: int) -> relax.Expr:
-    axes = [i for i, d in enumerate(dims(x.ty)) if _static(d) and d >= 2]
+    axes = [i for i, d in enumerate(dims(ty(x))) if _static(d) and d >= 2]
     axis = axes[choice % len(axes)]
-    size = dims(x.ty)[axis]
+    size = dims(ty(x))[axis]
     if choice // len(axes) % 2 and size % 2 == 0:
         return rop.split(x, 2, axis=axis)
     return rop.split(x, [size // 2], axis=axis)
@@ -242,7 +243,7 @@ def _where_partner(chosen, ty, choice) -> bool:
     return len(chosen) == 1 or dtype(ty) == dtype(chosen[1])
 
 
-def _is_bool(ty: relax.TensorType) -> bool:
+def _is_bool(ty: TensorType) -> bool:
     return dtype(ty) == "bool"
 
 
@@ -260,24 +261,24 @@ _CASTS = {
 }
 
 
-def _castable(ty: relax.TensorType) -> bool:
+def _castable(ty: TensorType) -> bool:
     return dtype(ty) in _CASTS
 
 
 def _astype(x: relax.Expr, choice: int) -> relax.Expr:
-    targets = _CASTS[dtype(x.ty)]
+    targets = _CASTS[dtype(ty(x))]
     return rop.astype(x, targets[choice % len(targets)])
 
 
-def _conv_input(ty: relax.TensorType) -> bool:
+def _conv_input(ty: TensorType) -> bool:
     return is_float(ty) and ty.ndim == 4 and all(_static(d) for d in dims(ty))
 
 
-def _conv_weight(chosen, choice) -> relax.TensorType:
+def _conv_weight(chosen, choice) -> TensorType:
     (x,) = chosen
     _, channels, height, width = dims(x)
     kh, kw = choice % min(height, 3) + 1, choice // 3 % min(width, 3) + 1
-    return relax.TensorType([choice % 3 + 1, channels, kh, kw], dtype(x))
+    return TensorType([choice % 3 + 1, channels, kh, kw], dtype(x))
 
 
 def _never(chosen, ty, choice) -> bool:

@@ -21,6 +21,7 @@ import tvm
 from tvm import relax
 
 from .. import _ir
+from ..compat import PrimType, ShapeType, TensorType, TupleType, dtype_name, ty
 
 __all__ = ["Comparison", "ResultMismatch", "assert_same_results", "random_inputs", "run"]
 
@@ -107,20 +108,20 @@ def _symbols(func: relax.Function) -> list[str]:
     names: list[str] = []
 
     def visit(ty: Any) -> None:
-        if isinstance(ty, relax.TensorType) and ty.shape is not None and hasattr(ty.shape, "values"):
+        if isinstance(ty, TensorType) and ty.shape is not None and hasattr(ty.shape, "values"):
             for dim in ty.shape.values:
                 for name in _dim_vars(dim):
                     if name not in names:
                         names.append(name)
-        elif isinstance(ty, relax.TupleType):
+        elif isinstance(ty, TupleType):
             for f in ty.fields:
                 visit(f)
 
     for param in func.params:
-        visit(param.ty)
+        visit(ty(param))
     for binding in _ir.all_bindings(func):
         if isinstance(binding, relax.MatchCast):
-            visit(binding.var.ty)
+            visit(ty(binding.var))
     return names
 
 
@@ -130,13 +131,13 @@ def _cast_types(func: relax.Function) -> dict[relax.Var, relax.Type]:
     for block in func.body.blocks:
         for binding in block.bindings:
             if isinstance(binding, relax.MatchCast) and isinstance(binding.value, relax.Var):
-                casts.setdefault(binding.value, binding.var.ty)
+                casts.setdefault(binding.value, ty(binding.var))
     return casts
 
 
 def _random_value(ty: Any, rng: np.random.Generator, sizes: Mapping[str, int]) -> Any:
-    if isinstance(ty, relax.TensorType):
-        dtype = str(ty.dtype.dtype) if hasattr(ty.dtype, "dtype") else str(ty.dtype)
+    if isinstance(ty, TensorType):
+        dtype = dtype_name(ty)
         if ty.shape is not None and hasattr(ty.shape, "values"):
             shape = [_eval_dim(d, sizes) for d in ty.shape.values]
         else:
@@ -147,18 +148,18 @@ def _random_value(ty: Any, rng: np.random.Generator, sizes: Mapping[str, int]) -
             return rng.standard_normal(shape).astype(dtype)
         low, high = (0, 100) if dtype.startswith("uint") else (-100, 100)
         return rng.integers(low, high, size=shape).astype(dtype)
-    if isinstance(ty, tvm.ir.PrimType):
+    if isinstance(ty, PrimType):
         dtype = str(ty.dtype)
         if dtype == "bool":
             return bool(rng.integers(0, 2))
         if dtype.startswith("float"):
             return float(rng.standard_normal())
         return int(rng.integers(0, 8))
-    if isinstance(ty, relax.ShapeType):
+    if isinstance(ty, ShapeType):
         if ty.values is not None:
             return tvm.runtime.ShapeTuple([_eval_dim(d, sizes) for d in ty.values])
         return tvm.runtime.ShapeTuple([int(rng.integers(1, 5)) for _ in range(max(ty.ndim, 0))])
-    if isinstance(ty, relax.TupleType):
+    if isinstance(ty, TupleType):
         return tuple(_random_value(f, rng, sizes) for f in ty.fields)
     # R.Object: any object will do; a small tensor.
     return np.zeros((1,), "float32")
@@ -199,7 +200,7 @@ def random_inputs(
     for name in _symbols(func):
         chosen.setdefault(name, int(rng.integers(1, 5)))
     casts = _cast_types(func)
-    return [_random_value(casts.get(p, p.ty), rng, chosen) for p in func.params]
+    return [_random_value(casts.get(p, ty(p)), rng, chosen) for p in func.params]
 
 
 # ---------------------------------------------------------------------------
@@ -352,9 +353,9 @@ def _sizes_of(params: Sequence[relax.Var], inputs: Sequence[Any]) -> dict[str, i
     """The sizes the inputs give the symbolic dims of the parameters' shapes."""
     sizes: dict[str, int] = {}
     for param, value in zip(params, inputs):
-        ty = param.ty
-        if isinstance(ty, relax.TensorType) and ty.shape is not None and isinstance(value, np.ndarray):
-            for dim, size in zip(ty.shape.values, value.shape):
+        type_ = ty(param)
+        if isinstance(type_, TensorType) and type_.shape is not None and isinstance(value, np.ndarray):
+            for dim, size in zip(type_.shape.values, value.shape):
                 if isinstance(dim, tvm.tirx.Var):
                     sizes.setdefault(str(dim.name), int(size))
     return sizes

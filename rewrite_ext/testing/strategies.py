@@ -47,6 +47,7 @@ from tvm.relax.op import memory as _memory
 from tvm.relax.op import vm as _vm
 
 from .opspecs import DEFAULT_OPS, OpSpec, dims, resolve_ops, same_dim
+from ..compat import ObjectType, PrimType, ShapeType, TensorType, TupleType, dtype_name, ty, ty_args, var_name
 
 __all__ = ["lowered_copy_functions", "lowered_functions", "relax_functions", "relax_modules"]
 
@@ -62,8 +63,8 @@ class _TensorT:
     shape: Shape
     dtype: str
 
-    def relax_type(self) -> relax.TensorType:
-        return relax.TensorType(self.shape, self.dtype)
+    def relax_type(self) -> TensorType:
+        return TensorType(self.shape, self.dtype)
 
 
 @dataclass(frozen=True)
@@ -412,22 +413,22 @@ class _Scope:
     tuples: list[_Value] = field(default_factory=list)
     local: _LocalFuncOp | None = None
     ops: list[_Op] = field(default_factory=list)
-    new_param: Callable[[relax.TensorType], _Value] | None = None  # weights; None in closed scopes
+    new_param: Callable[[TensorType], _Value] | None = None  # weights; None in closed scopes
 
     def add(self, op: _Op) -> None:
         self.ops.append(op)
         self.pool(op.result)
 
     def pool(self, value: _Value) -> None:
-        if isinstance(value.ty, relax.TensorType) and value.ty.shape is not None:
+        if isinstance(value.ty, TensorType) and value.ty.shape is not None:
             self.tensors.append(value)
-        elif isinstance(value.ty, relax.TupleType):
+        elif isinstance(value.ty, TupleType):
             self.tuples.append(value)
 
 
 def _binds(param: relax.Type, arg: relax.Type, symbols: dict) -> bool:
     """Whether ``arg`` fits ``param``, binding ``param``'s symbolic dims in ``symbols``."""
-    if not (isinstance(param, relax.TensorType) and isinstance(arg, relax.TensorType)):
+    if not (isinstance(param, TensorType) and isinstance(arg, TensorType)):
         return False
     if param.ndim != arg.ndim or str(param.dtype) != str(arg.dtype) or arg.shape is None:
         return False
@@ -457,11 +458,11 @@ class _Planner:
 
     def infer(self, expr: relax.Expr, what: str) -> relax.Type:
         try:
-            return self.scratch.normalize(expr).ty
+            return ty(self.scratch.normalize(expr))
         except Exception as exc:  # noqa: BLE001 - TVM raises several kinds
             raise ValueError(f"{what} made a call TVM rejects: {exc}") from exc
 
-    def new_weight(self, ty: relax.TensorType) -> _Value:
+    def new_weight(self, ty: TensorType) -> _Value:
         value = _Value(ty, f"w{len(self.weights)}")
         self.weights.append(value)
         return value
@@ -500,7 +501,7 @@ class _Planner:
 
     def make_tuple(self, scope: _Scope, srcs: Sequence[int]) -> _Op:
         fields = tuple(_pick(scope.tensors, ref) for ref in srcs)
-        ty = relax.TupleType([f.ty for f in fields])
+        ty = TupleType([f.ty for f in fields])
         return _Op(_Value(ty), lambda *xs: relax.Tuple(list(xs)), fields)
 
     def get_item(self, scope: _Scope, step: GetItem) -> _Op:
@@ -613,28 +614,28 @@ def _symbolic_base(base: Shape, symbolic: bool) -> tuple:
 def _extra_param(kind: int, index: int, base: tuple, dtype: str) -> _Value:
     name = f"e{index}"
     if kind == 0:
-        return _Value(tvm.ir.PrimType("int64"), name)
+        return _Value(PrimType("int64"), name)
     if kind == 1:
-        return _Value(relax.ShapeType(ndim=len(base)), name)
+        return _Value(ShapeType(ndim=len(base)), name)
     if kind == 2:
-        return _Value(relax.ObjectType(), name)
-    field_ty = relax.TensorType(list(base), dtype)
-    return _Value(relax.TupleType([field_ty, field_ty]), name)
+        return _Value(ObjectType(), name)
+    field_ty = TensorType(list(base), dtype)
+    return _Value(TupleType([field_ty, field_ty]), name)
 
 
 def _plan_program(
     spec: _ProgramSpec, base: Shape, planner: _Planner, name: str = "main", private: bool = False
 ) -> _Plan:
     shape = _symbolic_base(base, spec.symbolic)
-    params = [_Value(relax.TensorType(list(p.shape(shape)), p.dtype), f"x{i}") for i, p in enumerate(spec.params)]
+    params = [_Value(TensorType(list(p.shape(shape)), p.dtype), f"x{i}") for i, p in enumerate(spec.params)]
     scope = _Scope(list(params), new_param=planner.new_weight)
     casts: list[_Op] = []
     declared: list[_Value] = []
     if spec.cast:
         dtype = spec.params[0].dtype
-        unknown = _Value(relax.TensorType(None, dtype, ndim=len(shape)), "y")
+        unknown = _Value(TensorType(None, dtype, ndim=len(shape)), "y")
         declared.append(unknown)
-        cast = _MatchCastOp(_Value(relax.TensorType(list(shape), dtype), "y1"), None, (unknown,))
+        cast = _MatchCastOp(_Value(TensorType(list(shape), dtype), "y1"), None, (unknown,))
         casts.append(cast)
         scope.pool(cast.result)
     extras = [_extra_param(k, i, shape, spec.params[0].dtype) for i, k in enumerate(spec.extras)]
@@ -653,7 +654,7 @@ def _plan_program(
     after: list[_Op] = []
     cond_params: list[_Value] = []
     if spec.branch is not None:
-        cond_ty = tvm.ir.PrimType("bool") if spec.prim_cond else relax.TensorType([], "bool")
+        cond_ty = PrimType("bool") if spec.prim_cond else TensorType([], "bool")
         cond = _Value(cond_ty, "cond")
         cond_params.append(cond)
         if_op = planner.branch(spec.branch, scope, cond)
@@ -691,7 +692,7 @@ def _seq_expr(ops: Sequence[_Op], result: _Value, env: _Env, bb: relax.BlockBuil
     bindings = []
     for op in ops:
         value = bb.normalize(_expr(op, env, bb))
-        var = relax.Var(bb.get_unique_name("v"), value.ty)
+        var = relax.Var(bb.get_unique_name("v"), ty(value))
         bindings.append(relax.VarBinding(var, value))
         env[id(op.result)] = var
     blocks = [relax.BindingBlock(bindings)] if bindings else []
@@ -992,24 +993,28 @@ def _staged(func: relax.Function, scratch: relax.BlockBuilder, primfuncs: set) -
             # function's arguments are inputs.
             writes = calls and isinstance(value.op, tvm.ir.GlobalVar) and value.op.name_hint in primfuncs
             out = value.args[-1] if writes and value.args else None
-            ty = getattr(out, "ty", None)
-            static = isinstance(ty, relax.TensorType) and ty.shape is not None and all(isinstance(d, int) for d in dims(ty))
+            out_type = ty(out) if out is not None else None
+            static = (
+                isinstance(out_type, TensorType)
+                and out_type.shape is not None
+                and all(isinstance(d, int) for d in dims(out_type))
+            )
             if out is None or out not in allocated or not static:
                 bindings.append(binding)
                 continue
-            shape, dtype = [int(d) for d in dims(ty)], str(ty.dtype.dtype)
+            shape, dtype = [int(d) for d in dims(out_type)], dtype_name(out_type)
             nbytes = max(math.prod(shape) * _itemsize(dtype), 1)
-            name = str(out.name)
+            name = var_name(out)
 
-            def bind(var_name: str, expr: relax.Expr) -> relax.Var:
+            def bind(name_: str, expr: relax.Expr) -> relax.Var:
                 expr = scratch.normalize(expr)
-                var = relax.Var(var_name, expr.ty)
+                var = relax.Var(name_, ty(expr))
                 bindings.append(relax.VarBinding(var, expr))
                 return var
 
             storage = bind(f"{name}_stage", _vm.alloc_storage(relax.ShapeExpr([nbytes]), 0, "uint8", "global"))
             staged = bind(f"{name}_staged", _vm.alloc_tensor(storage, 0, relax.ShapeExpr(shape), dtype))
-            call = scratch.normalize(relax.Call(value.op, [*value.args[:-1], staged], value.attrs, value.ty_args))
+            call = scratch.normalize(relax.Call(value.op, [*value.args[:-1], staged], value.attrs, ty_args(value)))
             bindings.append(relax.VarBinding(binding.var, call))
             bind("_", _copy_tensor()(staged, out))
         blocks.append(relax.BindingBlock(bindings))

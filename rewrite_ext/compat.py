@@ -1,0 +1,152 @@
+"""One spelling of TVM's Relax API for apache-tvm 0.25, 0.26 and 0.27.
+
+TVM 0.26 renamed Relax's StructInfo to types: ``relax.TensorStructInfo``
+became ``relax.TensorType``, ``expr.struct_info`` became ``expr.ty``, a call's
+``sinfo_args`` became ``ty_args``, and so on (docs/tvm-versions.md has the
+whole table).  Every version-dependent name rewrite_ext uses is defined here
+once, from what the installed TVM has, so the rest of the code (and a user's
+tests that must run on several TVMs) reads the same everywhere.
+
+The names follow TVM 0.26+; on 0.25 they are TVM 0.25's StructInfo classes
+and accessors.  Nothing in TVM is modified.
+
+Examples
+--------
+>>> from rewrite_ext import compat
+>>> x = relax.Var("x", compat.TensorType([4], "float32"))
+>>> compat.ty(x)
+R.Tensor((4,), dtype="float32")
+
+In TVMScript, a void builtin call written once for every version::
+
+    R.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", (0, 0, 1, x, a), **compat.VOID_TY_ARGS)
+"""
+
+from __future__ import annotations
+
+import operator
+
+import tvm
+import tvm.relax.expr as _relax_expr
+from tvm import relax
+from tvm.relax.dpl import pattern as _pattern
+
+__all__ = [
+    "TYPES",
+    "TY_ARGS",
+    "OUT_TY",
+    "VOID_TY_ARGS",
+    "TensorType",
+    "TupleType",
+    "ShapeType",
+    "ObjectType",
+    "FuncType",
+    "PrimType",
+    "TypePattern",
+    "INFER_TYPE_ATTR",
+    "ty",
+    "ty_args",
+    "dtype_name",
+    "var_name",
+    "set_type",
+    "has_ty",
+    "with_type",
+    "void",
+]
+
+#: Whether the installed TVM has types (0.26 and later) rather than StructInfo (0.25).
+TYPES: bool = hasattr(relax, "TensorStructInfo") is False
+
+if TYPES:
+    TensorType = relax.TensorType
+    TupleType = relax.TupleType
+    ShapeType = relax.ShapeType
+    ObjectType = relax.AnyType  # R.Object; prints as R.Any
+    FuncType = relax.FuncType
+    PrimType = tvm.ir.PrimType  # R.Prim; there is no relax.PrimType
+    TypePattern = _pattern.TypePattern
+    INFER_TYPE_ATTR = "FInferType"
+    TY_ARGS = "ty_args"
+    OUT_TY = "out_ty"
+    _TY = "ty"
+    _TY_ARGS_ATTR = "ty_args"
+    _update_type = _relax_expr._update_type
+    _HAS_TY = "has_ty"
+    _WITH_TYPE = "with_type"
+else:
+    # TVM 0.25: relax.TensorType exists there too, but is the old DynTensorType.
+    TensorType = relax.TensorStructInfo
+    TupleType = relax.TupleStructInfo
+    ShapeType = relax.ShapeStructInfo
+    ObjectType = relax.ObjectStructInfo
+    FuncType = relax.FuncStructInfo
+    PrimType = relax.PrimStructInfo
+    TypePattern = _pattern.StructInfoPattern
+    INFER_TYPE_ATTR = "FInferStructInfo"
+    TY_ARGS = "sinfo_args"
+    OUT_TY = "out_sinfo"
+    _TY = "struct_info"
+    _TY_ARGS_ATTR = "sinfo_args"
+    _update_type = _relax_expr._update_struct_info
+    _HAS_TY = "has_struct_info"
+    _WITH_TYPE = "with_struct_info"
+
+_get_ty = operator.attrgetter(_TY)
+_get_ty_args = operator.attrgetter(_TY_ARGS_ATTR)
+
+
+def ty(expr: relax.Expr) -> relax.Type:
+    """An expression's type: ``expr.ty`` (0.26+), ``expr.struct_info`` (0.25).
+
+    Also a ``MatchCast`` binding's type, the type it casts to.
+    """
+    return _get_ty(expr)
+
+
+def ty_args(call: relax.Call) -> list:
+    """A call's type arguments: ``call.ty_args`` (0.26+), ``call.sinfo_args`` (0.25)."""
+    return _get_ty_args(call)
+
+
+def dtype_name(tensor_type: relax.Type) -> str:
+    """A tensor type's dtype as a string (``"float32"``; ``""`` when unknown).
+
+    ``TensorType.dtype`` is a ``PrimType`` in TVM 0.27 and a dtype elsewhere.
+    """
+    dtype = tensor_type.dtype
+    return str(getattr(dtype, "dtype", dtype))
+
+#: Keyword arguments that make a builtin call void (``R.Tuple()``), for
+#: ``R.call_builtin_with_ctx``/``R.call_packed``/``relax.op.call_pure_packed``
+#: in Python and in TVMScript: ``**VOID_TY_ARGS``.
+VOID_TY_ARGS: dict = {TY_ARGS: [TupleType([])]}
+
+
+def void() -> relax.Type:
+    """The void type ``R.Tuple()``: what a call that returns nothing is typed."""
+    return TupleType([])
+
+
+def var_name(var: relax.Var) -> str:
+    """A var's name: ``Var.name`` in TVM 0.27, ``Var.name_hint`` before."""
+    name = getattr(var, "name_hint", None)
+    return str(name if name is not None else var.name)
+
+
+def set_type(expr: relax.Expr, type_: object) -> None:
+    """Give a freshly built ``expr`` its type without normalizing it.
+
+    TVM's Python API has this only as the private
+    ``tvm.relax.expr._update_type`` (``_update_struct_info`` in 0.25).
+    """
+    _update_type(expr, type_)
+
+
+def has_ty(pattern: _pattern.DFPattern, type_: object) -> _pattern.DFPattern:
+    """``pattern.has_ty(type_)`` (0.26+), ``pattern.has_struct_info(type_)`` (0.25)."""
+    return getattr(pattern, _HAS_TY)(type_)
+
+
+def with_type(mutator: relax.PyExprMutator, var: relax.Var, type_: object) -> relax.Var:
+    """``mutator.with_type(var, type_)`` (0.26+), ``with_struct_info`` (0.25)."""
+    return getattr(mutator, _WITH_TYPE)(var, type_)
