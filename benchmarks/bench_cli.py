@@ -32,6 +32,7 @@ from tvm import relax
 
 from rewrite_ext import ops
 from rewrite_ext.hexagon import DMA_COPY, DMA_WAIT, copy_to_dma
+from rewrite_ext.compat import TensorType
 
 TARGET_SECONDS = 30.0
 NBYTES = 32 * 64 * 4
@@ -41,7 +42,7 @@ def make_copies_module(bindings: int) -> tuple[tvm.IRModule, int]:
     """A lowered module of about ``bindings`` bindings; returns it and its number of copies."""
     copies = max(1, round(bindings / (3 + 1 / 16)))
     bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType([32, 64], "int32"))
+    x = relax.Var("x", TensorType([32, 64], "int32"))
     with bb.function("main", [x], pure=False):
         prev, storage = x, None
         for i in range(copies):

@@ -30,6 +30,7 @@ from tvm import relax
 import rewrite_ext  # noqa: F401 - registers R.vm.copy_tensor
 from rewrite_ext import ops
 from rewrite_ext.hexagon import copy_to_dma, sink_dma_waits
+from rewrite_ext.compat import TensorType
 
 SIZES = (1_000, 10_000)
 RATIO_TARGET = 1.5
@@ -39,7 +40,7 @@ SCALING_TARGET = 11.0
 def make_independent_copies(n: int) -> relax.Function:
     """``n`` copies of the parameter into tensors of their own, 16 per storage."""
     bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType([32, 64], "int32"))
+    x = relax.Var("x", TensorType([32, 64], "int32"))
     nbytes = 32 * 64 * 4
     with bb.function("main", [x], pure=False):
         storage = last = None

@@ -39,6 +39,7 @@ from tvm.relax.frontend import nn
 import rewrite_ext
 from rewrite_ext import ops
 from rewrite_ext.hexagon import DMA_COPY, DMA_WAIT, copy_to_dma
+from rewrite_ext.compat import TY_ARGS, TensorType, TupleType, ty_args
 
 CHAIN_BINDINGS = 10_000
 MATCH_RATES = {"1%": 100, "10%": 10, "100%": 1}  # rate -> every how many bindings an add
@@ -47,7 +48,7 @@ COPIES = (1_000, 10_000)
 LAYERS = 24
 MIN_RUN_SECONDS = 0.05  # a run repeats a short rewrite until it lasts this long
 
-_VOID = relax.TupleType([])
+_VOID = TupleType([])
 
 # -- inputs ------------------------------------------------------------------------------
 
@@ -60,7 +61,7 @@ def make_chain(n: int, every: int = 10) -> relax.Function:
     and all sides can return structurally equal functions.
     """
     bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType([4, 4], "float32"))
+    x = relax.Var("x", TensorType([4, 4], "float32"))
     with bb.function("main", [x]):
         with bb.dataflow():
             cur = x
@@ -83,7 +84,7 @@ def make_copies(n: int) -> relax.Function:
     ``b = add(a, a)`` (the next copy's source); a new ``alloc_storage`` every 16 copies.
     """
     bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType([32, 64], "int32"))
+    x = relax.Var("x", TensorType([32, 64], "int32"))
     nbytes = 32 * 64 * 4
     with bb.function("main", [x], pure=False):
         prev = x
@@ -196,7 +197,7 @@ def call_tir_to_packed(orig: relax.Call, matchings) -> relax.Expr:
     kernel-library dispatch does); TVM's rewrite_call can do it too.
     """
     gv, args = orig.args[0], orig.args[1]
-    return relax.Call(_CALL_DPS_PACKED, [relax.ExternFunc(gv.name_hint), args], ty_args=orig.ty_args)
+    return relax.Call(_CALL_DPS_PACKED, [relax.ExternFunc(gv.name_hint), args], **{TY_ARGS: ty_args(orig)})
 
 
 def trace_kernel(orig: relax.Call, matchings, builder: relax.BlockBuilder) -> relax.Expr:
@@ -207,8 +208,8 @@ def trace_kernel(orig: relax.Call, matchings, builder: relax.BlockBuilder) -> re
     nothing matches again.  TVM's rewrite_call cannot emit the first binding.
     """
     name = orig.op.name_hint
-    builder.emit(relax.Call(relax.ExternFunc(TRACE), [_STRING_IMM(name)], ty_args=[_VOID]))
-    return relax.Call(relax.ExternFunc(name), orig.args, ty_args=orig.ty_args)
+    builder.emit(relax.Call(relax.ExternFunc(TRACE), [_STRING_IMM(name)], **{TY_ARGS: [_VOID]}))
+    return relax.Call(relax.ExternFunc(name), orig.args, **{TY_ARGS: ty_args(orig)})
 
 
 @mutator
@@ -272,12 +273,12 @@ class HandWrittenDMA(PyExprMutator):
                 src, dst = (self.visit_expr(arg) for arg in value.args)
                 builder.emit(
                     relax.op.call_builtin_with_ctx(
-                        DMA_COPY, [src, dst, _imm(0), _imm(1)], ty_args=[_VOID]
+                        DMA_COPY, [src, dst, _imm(0), _imm(1)], **{TY_ARGS: [_VOID]}
                     )
                 )
                 builder.emit(
                     relax.op.call_builtin_with_ctx(
-                        DMA_WAIT, [_imm(0), _imm(0), _imm(1), src, dst], ty_args=[_VOID]
+                        DMA_WAIT, [_imm(0), _imm(0), _imm(1), src, dst], **{TY_ARGS: [_VOID]}
                     )
                 )
             else:

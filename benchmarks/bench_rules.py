@@ -45,6 +45,7 @@ from tvm import relax
 from tvm.relax.dpl import is_const, is_op, wildcard
 
 from rewrite_ext import Rule, apply_rules
+from rewrite_ext.compat import TensorType
 
 N = 10_000
 TARGET = 2.0
@@ -77,7 +78,7 @@ ABSENT_OPS = (
 def make_chain(n: int) -> relax.Function:
     """``n`` bindings in one DataflowBlock, each using the previous one; every 10th an add."""
     bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType([4, 4], "float32"))
+    x = relax.Var("x", TensorType([4, 4], "float32"))
     with bb.function("main", [x]):
         with bb.dataflow():
             cur = x

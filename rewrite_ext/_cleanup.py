@@ -7,10 +7,12 @@ impure binding is never removed, since it is there for its effect.
 
 * ``CanonicalizeBindings`` only removes trivial ``y = x`` aliases, whose
   effect is the one of the binding of ``x``.
-* ``EliminateCommonSubexpr`` leaves impure calls alone, but replaces the
-  second of two equal *pure* void calls (``R.call_pure_packed(...,
-  ty_args=R.Tuple())``) by the first's var or by ``R.tuple()``: such a
-  binding gets its value back.
+* Common subexpressions are merged as TVM's ``EliminateCommonSubexpr``
+  merges them, except across an impure binding (TVM's merges a pure value
+  computed before ``R.vm.copy_tensor(x, a)`` with the same expression after
+  it, although the copy may have changed what it reads) and except void
+  values (TVM's replaces the second of two equal pure void calls by the
+  first's var, and the call is gone).
 * Unused bindings are removed only when pure, not void and not a
   ``match_cast`` (TVM's ``remove_all_unused`` also removes unused void bindings).
 """
@@ -23,12 +25,11 @@ from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from . import _ir
-from .compat import ty
+from .compat import set_var_remap, ty
 
 __all__ = ["cleanup"]
 
 _CANONICALIZE = relax.transform.CanonicalizeBindings()
-_CSE = relax.transform.EliminateCommonSubexpr()
 _TARGET = tvm.ir.GlobalVar("cleanup_target")
 
 
@@ -50,7 +51,7 @@ def cleanup(func: relax.Function) -> relax.Function:
     while True:
         start = func
         func = _through_module(_CANONICALIZE, func)
-        func = _cse_keeping_void(func)
+        func = _EliminateCommonSubexpr().visit_expr(func)
         func = _remove_unused(func)
         if tvm_ffi.structural_equal(start, func):
             return func
@@ -62,42 +63,74 @@ def _through_module(transform: tvm.transform.Pass, func: relax.Function) -> rela
     return transform(tvm.IRModule({_TARGET: func}))[_TARGET]
 
 
-def _cse_keeping_void(func: relax.Function) -> relax.Function:
-    """CSE, then the value of every void binding it changed put back."""
-    void = {
-        b.var: b.value
-        for b in _ir.all_bindings(func)
-        if type(b) is relax.VarBinding and _ir.is_void(ty(b.var)) and not isinstance(b.value, relax.Var)
-    }
-    merged = _through_module(_CSE, func)
-    if not void:
-        return merged
-    # CSE gives a repeated void value as the earlier var, or as R.tuple() (the void value
-    # itself); either way the call, and what it does, would be gone.
-    changed = {
-        b.var: void[b.var]
-        for b in _ir.all_bindings(merged)
-        if b.var in void
-        and not b.value.same_as(void[b.var])
-        and not tvm_ffi.structural_equal(b.value, void[b.var])
-    }
-    return _Restore(changed).visit_expr(merged) if changed else merged
-
-
 @mutator
-class _Restore(PyExprMutator):
-    """Give each binding of ``values`` its value back."""
+class _EliminateCommonSubexpr(PyExprMutator):
+    """TVM's ``EliminateCommonSubexpr`` with impure bindings as barriers.
 
-    def __init__(self, values: dict[relax.Var, relax.Expr]) -> None:
+    A later binding whose value equals an earlier one's becomes an alias of
+    it (``CanonicalizeBindings`` and ``_remove_unused`` then drop it), as in
+    TVM.  Unlike TVM's, nothing is merged across an impure binding, since
+    memory it writes in place makes the same expression differ before and
+    after it; void values, impure values, allocations and ``match_cast`` are
+    never merged.  An If branch or a local function sees what its enclosing
+    scope computed before it, and nothing it computes is seen outside it.
+    """
+
+    def __init__(self) -> None:
         super().__init__()
-        self.values = values
+        # structural hash -> [(value, var)]: the values computed since the last barrier
+        self.seen: dict[int, list[tuple[relax.Expr, relax.Var]]] = {}
+        self.dataflow_block = 0
+        self.block_of: dict[relax.Var, int] = {}
+
+    def visit_dataflow_block_(self, block: relax.DataflowBlock) -> relax.BindingBlock:
+        self.dataflow_block += 1
+        try:
+            return super().visit_dataflow_block_(block)
+        finally:
+            # what the block bound is out of scope after it
+            self.block_of.clear()
+
+    def visit_seq_expr_(self, seq: relax.SeqExpr) -> relax.Expr:
+        # an If branch or a function body: what it computes stays in it
+        outer = {key: list(entries) for key, entries in self.seen.items()}
+        try:
+            return super().visit_seq_expr_(seq)
+        finally:
+            self.seen = outer
 
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
-        value = self.values.get(binding.var)
-        if value is None:
-            super().visit_var_binding_(binding)
-        else:
-            self.builder_.emit_normalized(relax.VarBinding(binding.var, value))
+        value = self.visit_expr(binding.value)
+        var = binding.var
+        if _ir.is_impure(value):
+            self.seen.clear()
+        elif not isinstance(value, relax.Var) and not _ir.is_void(ty(var)) and not _is_allocation(value):
+            key = tvm_ffi.structural_hash(value)
+            entries = self.seen.setdefault(key, [])
+            for earlier_value, earlier in entries:
+                if self._in_scope(earlier) and tvm_ffi.structural_equal(value, earlier_value):
+                    # a block's output var stays the name its later uses know it by
+                    if isinstance(var, relax.DataflowVar) or not isinstance(earlier, relax.DataflowVar):
+                        set_var_remap(self, var, earlier)
+                    self.builder_.emit_normalized(relax.VarBinding(var, earlier))
+                    return
+            entries.append((value, var))
+            if isinstance(var, relax.DataflowVar):
+                self.block_of[var] = self.dataflow_block
+        self.builder_.emit_normalized(relax.VarBinding(var, value))
+
+    def _in_scope(self, var: relax.Var) -> bool:
+        # a dataflow var is visible only in the dataflow block that binds it
+        return not isinstance(var, relax.DataflowVar) or self.block_of.get(var) == self.dataflow_block
+
+
+def _is_allocation(value: relax.Expr) -> bool:
+    # TVM's CSE skips allocators too: two equal allocations are two buffers
+    return (
+        type(value) is relax.Call
+        and isinstance(value.op, tvm.ir.Op)
+        and bool(value.op.get_attr("TAllocator"))
+    )
 
 
 def _remove_unused(func: relax.Function) -> relax.Function:

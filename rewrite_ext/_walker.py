@@ -31,7 +31,7 @@ from ._wellformed import LocalCheck
 from .errors import RewriteError, remember
 from .report import Recorder
 from .rule import Decline, Rule
-from .compat import ty, with_type
+from .compat import set_var_remap, ty, with_type
 
 NAMES_SHOWN = 10
 """Bindings a non-convergence message names."""
@@ -537,7 +537,7 @@ class FunctionPass(PyExprMutator):
         else:
             new_var = with_type(self, var, ty(new_value))
             if not new_var.same_as(var):
-                self.set_var_remap(var, new_var)
+                set_var_remap(self, var, new_var)
                 self.remapped = True
                 self.retyped_by = (_ir.var_name(var), rule)
                 if len(relax.analysis.free_symbolic_vars(new_value)):

@@ -51,6 +51,7 @@ __all__ = [
     "set_type",
     "has_ty",
     "with_type",
+    "set_var_remap",
     "void",
 ]
 
@@ -150,3 +151,11 @@ def has_ty(pattern: _pattern.DFPattern, type_: object) -> _pattern.DFPattern:
 def with_type(mutator: relax.PyExprMutator, var: relax.Var, type_: object) -> relax.Var:
     """``mutator.with_type(var, type_)`` (0.26+), ``with_struct_info`` (0.25)."""
     return getattr(mutator, _WITH_TYPE)(var, type_)
+
+
+def set_var_remap(mutator: relax.PyExprMutator, var: relax.Var, new_var: relax.Var) -> None:
+    """Make ``mutator`` replace later uses of ``var`` by ``new_var``.
+
+    ``set_var_remap`` takes the var in TVM 0.26+, its ``vid`` in 0.25.
+    """
+    mutator.set_var_remap(var if TYPES else var.vid, new_var)

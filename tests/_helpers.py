@@ -12,6 +12,7 @@ from tvm import relax
 
 from rewrite_ext import _ir
 from rewrite_ext.hexagon import cpu_dma
+from rewrite_ext.compat import dtype_name, ty
 
 # ---------------------------------------------------------------------------------------------
 # Reading IR
@@ -42,11 +43,11 @@ def binding_kinds(func: relax.Function) -> Counter:
 
 
 def dtype_of(expr: relax.Expr) -> str:
-    return str(expr.ty.dtype.dtype)
+    return dtype_name(ty(expr))
 
 
 def shape_of(expr: relax.Expr) -> tuple[int, ...]:
-    return tuple(int(d) for d in expr.ty.shape.values)
+    return tuple(int(d) for d in ty(expr).shape.values)
 
 
 def is_float(dtype: str) -> bool:

@@ -21,6 +21,7 @@ import rewrite_ext
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import bench_rewrite as bench  # noqa: E402
 import run_chain  # noqa: E402
+from rewrite_ext.compat import ty
 
 LAYERS = 2
 
@@ -108,7 +109,7 @@ def test_the_timed_model_rewrites_are_real_ones_that_run():
     mod = bench.gpt_module(LAYERS)
     rng = np.random.default_rng(0)
     args = [
-        rng.standard_normal([int(d) for d in p.ty.shape], dtype="float32") for p in mod["forward"].params
+        rng.standard_normal([int(d) for d in ty(p).shape], dtype="float32") for p in mod["forward"].params
     ]
     expected = _run_model(mod, "default", args)
 

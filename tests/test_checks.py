@@ -31,6 +31,7 @@ from rewrite_ext.testing import (
     random_inputs,
     run,
 )
+from rewrite_ext.compat import TensorType, ty
 
 X, Y = wildcard(), wildcard()
 ADD = is_op("relax.add")(X, Y)
@@ -100,7 +101,7 @@ def split_columns(swap: bool):
 
     def rewriter(orig, m, builder):
         w = m[Y]
-        cols = w.ty.shape.values[-1] if w.ty.ndim == 2 else None
+        cols = ty(w).shape.values[-1] if ty(w).ndim == 2 else None
         if not isinstance(cols, tvm.tirx.IntImm) or cols.value < 2:
             return None
         parts = builder.emit(relax.op.split(w, [cols.value // 2], axis=1))
@@ -232,7 +233,7 @@ def test_check_pass_reports_a_pass_that_computes_something_else():
 def test_check_pass_reports_an_ill_formed_output():
     def break_it(mod):
         f = mod["main"]
-        stray = relax.Var("stray", relax.TensorType((4,), "float32"))  # free: defined nowhere
+        stray = relax.Var("stray", TensorType((4,), "float32"))  # free: defined nowhere
         return tvm.IRModule({"main": relax.Function(f.params, relax.SeqExpr([], stray), f.ret_ty, True)})
 
     with pytest.raises(RewriteCheckFailure, match="check_pass: output is well formed"):

@@ -21,6 +21,7 @@ from tvm import relax
 
 from rewrite_ext.cli import load_module
 from rewrite_ext.hexagon import copy_to_dma
+from rewrite_ext.compat import TensorType
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "copy_to_vtcm.py"
@@ -184,7 +185,7 @@ def test_a_file_of_several_modules_needs_module_and_names_them(tmp_path):
 def test_printed_tvmscript_with_symbolic_vars_and_constants_reads_back(tmp_path):
     """What IRModule.script(show_meta=True) prints (`n = TypeVar("n")`, `metadata = ...`) parses."""
     n = tvm.tirx.Var("n", "int64")
-    x = relax.Var("x", relax.TensorType([n, 4], "float32"))
+    x = relax.Var("x", TensorType([n, 4], "float32"))
     bb = relax.BlockBuilder()
     with bb.function("main", [x], pure=False):
         shifted = bb.emit(relax.op.add(x, relax.const(np.arange(4, dtype="float32"))))
@@ -216,8 +217,9 @@ def test_a_relax_module_round_trips_through_json():
         import numpy as np, tvm
         from tvm import relax
         from rewrite_ext.cli import load_module
+        from rewrite_ext.compat import TensorType
         mod = load_module(%r)
-        x = relax.Var("x", relax.TensorType([4], "float32"))
+        x = relax.Var("x", TensorType([4], "float32"))
         bb = relax.BlockBuilder()
         with bb.function("f", [x]):
             bb.emit_func_output(bb.emit(relax.op.add(x, relax.const(np.ones(4, "float32")))))

@@ -11,6 +11,7 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 
 from rewrite_ext.hexagon.cpu_dma import DMA_COPY, DMA_WAIT, CPUDMA, DMAError, cpu_dma
+from rewrite_ext.compat import TY_ARGS, VOID_TY_ARGS, TensorType, TupleType
 
 SHAPE = (4, 8)
 
@@ -36,11 +37,11 @@ class CopyWait:
     def main(x: R.Tensor((4, 8), "float32")):
         storage = R.vm.alloc_storage(R.shape([256]), R.prim_value(0), R.dtype("uint8"), R.str("global"))
         a = R.vm.alloc_tensor(storage, R.prim_value(0), R.shape([4, 8]), R.dtype("float32"))
-        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", [x, a, 0, True], ty_args=[R.Tuple()])
-        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", [0, 0, True, x, a], ty_args=[R.Tuple()])
+        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", [x, a, 0, True], **VOID_TY_ARGS)
+        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", [0, 0, True, x, a], **VOID_TY_ARGS)
         b = R.vm.alloc_tensor(storage, R.prim_value(128), R.shape([4, 8]), R.dtype("float32"))
-        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", [a, b, 0, True], ty_args=[R.Tuple()])
-        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", [0, 0, True, a, b], ty_args=[R.Tuple()])
+        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", [a, b, 0, True], **VOID_TY_ARGS)
+        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", [0, 0, True, a, b], **VOID_TY_ARGS)
         # Kernels reject a non-zero byte offset: see tests/test_ops.py.
         out = R.add(R.memory.ensure_zero_offset(b), R.const(1, "float32"))
         return out
@@ -67,16 +68,16 @@ class Pipelined:
     def main(x: R.Tensor((4, 8), "float32"), y: R.Tensor((4, 8), "float32")):
         a = R.builtin.alloc_tensor(R.shape([4, 8]), R.dtype("float32"), R.prim_value(0))
         b = R.builtin.alloc_tensor(R.shape([4, 8]), R.dtype("float32"), R.prim_value(0))
-        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", [x, a, 0, True], ty_args=[R.Tuple()])
-        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", [y, b, 0, True], ty_args=[R.Tuple()])
-        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", [0, 1, True, x, a], ty_args=[R.Tuple()])
+        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", [x, a, 0, True], **VOID_TY_ARGS)
+        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", [y, b, 0, True], **VOID_TY_ARGS)
+        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", [0, 1, True, x, a], **VOID_TY_ARGS)
         s = R.multiply(a, R.const(2, "float32"))  # a has landed; b may not have
-        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", [0, 0, True, y, b], ty_args=[R.Tuple()])
+        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", [0, 0, True, y, b], **VOID_TY_ARGS)
         c = R.builtin.alloc_tensor(R.shape([4, 8]), R.dtype("float32"), R.prim_value(0))
         d = R.builtin.alloc_tensor(R.shape([4, 8]), R.dtype("float32"), R.prim_value(0))
-        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", [s, c, 3, False], ty_args=[R.Tuple()])
-        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", [b, d, 3, False], ty_args=[R.Tuple()])
-        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", [3, 0, False, b, d], ty_args=[R.Tuple()])
+        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", [s, c, 3, False], **VOID_TY_ARGS)
+        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", [b, d, 3, False], **VOID_TY_ARGS)
+        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", [3, 0, False, b, d], **VOID_TY_ARGS)
         out = R.add(c, d)
         return out
 
@@ -97,8 +98,8 @@ class SeedWait:
     @R.function(pure=False)
     def main(x: R.Tensor((4, 8), "float32")):
         a = R.builtin.alloc_tensor(R.shape([4, 8]), R.dtype("float32"), R.prim_value(0))
-        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", [x, a, 0, True], ty_args=[R.Tuple()])
-        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", [0, 1, True, x, a], ty_args=[R.Tuple()])
+        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", [x, a, 0, True], **VOID_TY_ARGS)
+        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", [0, 1, True, x, a], **VOID_TY_ARGS)
         out = R.add(a, R.const(1, "float32"))
         return out
 
@@ -122,12 +123,12 @@ class WriteSrcInFlight:
     @R.function(pure=False)
     def main(x: R.Tensor((4, 8), "float32")):
         src = R.builtin.alloc_tensor(R.shape([4, 8]), R.dtype("float32"), R.prim_value(0))
-        _ = R.call_packed("runtime.TVMTensorCopyFromTo", x, src, ty_args=[R.Tuple()])
+        _ = R.call_packed("runtime.TVMTensorCopyFromTo", x, src, **VOID_TY_ARGS)
         a = R.builtin.alloc_tensor(R.shape([4, 8]), R.dtype("float32"), R.prim_value(0))
-        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", [src, a, 0, True], ty_args=[R.Tuple()])
+        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", [src, a, 0, True], **VOID_TY_ARGS)
         zeros = R.zeros(R.shape([4, 8]), "float32")
-        _1 = R.call_packed("runtime.TVMTensorCopyFromTo", zeros, src, ty_args=[R.Tuple()])
-        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", [0, 0, True, src, a], ty_args=[R.Tuple()])
+        _1 = R.call_packed("runtime.TVMTensorCopyFromTo", zeros, src, **VOID_TY_ARGS)
+        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", [0, 0, True, src, a], **VOID_TY_ARGS)
         return a
 
 
@@ -144,8 +145,8 @@ class Mismatch:
     @R.function(pure=False)
     def main(x: R.Tensor((4, 8), "float32")):
         a = R.builtin.alloc_tensor(R.shape([4, 4]), R.dtype("float32"), R.prim_value(0))
-        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", [x, a, 0, True], ty_args=[R.Tuple()])
-        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", [0, 0, True, x, a], ty_args=[R.Tuple()])
+        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", [x, a, 0, True], **VOID_TY_ARGS)
+        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", [0, 0, True, x, a], **VOID_TY_ARGS)
         return a
 
 
@@ -164,7 +165,7 @@ def _copy_on_queue(queue: int) -> tvm.IRModule:
         @R.function(pure=False)
         def main(x: R.Tensor((4, 8), "float32")):
             a = R.builtin.alloc_tensor(R.shape([4, 8]), R.dtype("float32"), R.prim_value(0))
-            R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", [x, a, queue, True], ty_args=[R.Tuple()])
+            R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", [x, a, queue, True], **VOID_TY_ARGS)
             return a
 
     return BadQueue
@@ -174,7 +175,7 @@ def _copy_on_queue(queue: int) -> tvm.IRModule:
 class NegativeInflight:
     @R.function(pure=False)
     def main(x: R.Tensor((4, 8), "float32")):
-        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", [0, -1, True, x, x], ty_args=[R.Tuple()])
+        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", [0, -1, True, x, x], **VOID_TY_ARGS)
         return x
 
 
@@ -182,7 +183,7 @@ class NegativeInflight:
 class Overlap:
     @R.function(pure=False)
     def main(x: R.Tensor((4, 8), "float32")):
-        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", [x, x, 0, True], ty_args=[R.Tuple()])
+        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", [x, x, 0, True], **VOID_TY_ARGS)
         return x
 
 
@@ -190,7 +191,7 @@ class Overlap:
 class WrongArity:
     @R.function(pure=False)
     def main(x: R.Tensor((4, 8), "float32")):
-        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", [0, 0, True], ty_args=[R.Tuple()])
+        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", [0, 0, True], **VOID_TY_ARGS)
         return x
 
 
@@ -218,8 +219,8 @@ class LegacyWait:
     @R.function(pure=False)
     def main(x: R.Tensor((4, 8), "float32")):
         a = R.builtin.alloc_tensor(R.shape([4, 8]), R.dtype("float32"), R.prim_value(0))
-        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", [x, a, 2, True], ty_args=[R.Tuple()])
-        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", [2, 0], ty_args=[R.Tuple()])
+        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", [x, a, 2, True], **VOID_TY_ARGS)
+        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", [2, 0], **VOID_TY_ARGS)
         return a
 
 
@@ -300,8 +301,8 @@ class TooBig:
     @R.function(pure=False)
     def main(x: R.Tensor((_BIG,), "float32")):
         a = R.builtin.alloc_tensor(R.shape([_BIG]), R.dtype("float32"), R.prim_value(0))
-        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", [x, a, 0, True], ty_args=[R.Tuple()])
-        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", [0, 0, True, x, a], ty_args=[R.Tuple()])
+        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", [x, a, 0, True], **VOID_TY_ARGS)
+        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", [0, 0, True, x, a], **VOID_TY_ARGS)
         return a
 
 
@@ -310,7 +311,7 @@ class Empty:
     @R.function(pure=False)
     def main(x: R.Tensor((0,), "float32")):
         a = R.builtin.alloc_tensor(R.shape([0]), R.dtype("float32"), R.prim_value(0))
-        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", [x, a, 0, True], ty_args=[R.Tuple()])
+        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", [x, a, 0, True], **VOID_TY_ARGS)
         return a
 
 
@@ -334,15 +335,15 @@ def _many_copies(count: int, queues: int) -> tvm.IRModule:
     """``count`` copies of x into the rows of one output, round-robin over ``queues`` queues,
     none waited for until the end, where one wait per queue (inflight 0) completes them all."""
     bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType([8], "float32"))
-    void = [relax.TupleType([])]
+    x = relax.Var("x", TensorType([8], "float32"))
+    void = [TupleType([])]
     with bb.function("main", [x], pure=False):
         out = bb.emit(relax.op.builtin.alloc_tensor(relax.ShapeExpr([count, 8]), "float32", 0))
         for i in range(count):
             row = bb.emit(relax.op.memory.view(out, relax.ShapeExpr([8]), "float32", tvm.tirx.IntImm("int64", 32 * i)))
-            bb.emit(relax.op.call_builtin_with_ctx(DMA_COPY, [x, row, i % queues, True], ty_args=void))
+            bb.emit(relax.op.call_builtin_with_ctx(DMA_COPY, [x, row, i % queues, True], **{TY_ARGS: void}))
         for queue in range(queues):
-            bb.emit(relax.op.call_builtin_with_ctx(DMA_WAIT, [queue, 0, True, x, out], ty_args=void))
+            bb.emit(relax.op.call_builtin_with_ctx(DMA_WAIT, [queue, 0, True, x, out], **{TY_ARGS: void}))
         bb.emit_func_output(out)
     return bb.get()
 

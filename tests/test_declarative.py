@@ -16,6 +16,7 @@ import rewrite_ext
 from rewrite_ext import RewriteError, RewriteReport, apply_rules, rewrite_call, rule_from_module
 from rewrite_ext.hexagon import copy_to_dma, cpu_dma
 from rewrite_ext.testing.strategies import lowered_copy_functions
+from rewrite_ext.compat import TY_ARGS, VOID_TY_ARGS
 
 
 @rule_from_module
@@ -28,8 +29,8 @@ class CopyToDMA:
 
     @R.function(pure=False)
     def replacement(src: R.Tensor, dst: R.Tensor):
-        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", [src, dst, 0, True], ty_args=[R.Tuple()])
-        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", [0, 0, True, src, dst], ty_args=[R.Tuple()])
+        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", [src, dst, 0, True], **VOID_TY_ARGS)
+        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", [0, 0, True, src, dst], **VOID_TY_ARGS)
         return R.tuple()
 
 
@@ -119,7 +120,7 @@ def test_void_replacement_in_a_dataflow_block_is_reported_as_impure():
 
         @R.function(pure=False)
         def replacement(x: R.Tensor((4,), "float32"), a: R.Tensor((4,), "float32")):
-            R.call_builtin_with_ctx("some.builtin", [x, a], ty_args=[R.Tuple()])
+            R.call_builtin_with_ctx("some.builtin", [x, a], **VOID_TY_ARGS)
             y = R.multiply(x, a)
             return y
 
@@ -304,7 +305,7 @@ def test_ty_args_must_equal_the_patterns():
     class Inline:
         @R.function
         def pattern(A: R.Tensor((4,), "float32")):
-            B = R.call_pure_packed("my.double", A, ty_args=R.Tensor((4,), "float32"))
+            B = R.call_pure_packed("my.double", A, **{TY_ARGS: R.Tensor((4,), "float32")})
             return B
 
         @R.function
@@ -314,8 +315,8 @@ def test_ty_args_must_equal_the_patterns():
 
     @R.function
     def before(x: R.Tensor((4,), "float32")):
-        a = R.call_pure_packed("my.double", x, ty_args=R.Tensor((4,), "float32"))
-        b = R.call_pure_packed("my.double", x, ty_args=R.Tensor((4,), "int32"))
+        a = R.call_pure_packed("my.double", x, **{TY_ARGS: R.Tensor((4,), "float32")})
+        b = R.call_pure_packed("my.double", x, **{TY_ARGS: R.Tensor((4,), "int32")})
         return (a, b)
 
     report = RewriteReport()
@@ -458,7 +459,7 @@ def test_a_replacement_not_well_formed_is_an_error_when_the_rule_is_made():
 
         @R.function
         def replacement(src: R.Tensor, dst: R.Tensor):
-            R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", [src, dst, 0, True], ty_args=[R.Tuple()])
+            R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", [src, dst, 0, True], **VOID_TY_ARGS)
             return R.tuple()
 
     with pytest.raises(ValueError, match="'replacement' is not well formed"):

@@ -17,6 +17,7 @@ import rewrite_ext  # noqa: F401 - registers R.vm.copy_tensor
 from rewrite_ext.cli import load_module
 from rewrite_ext.hexagon import copy_to_dma, cpu_dma, overlap_report
 from rewrite_ext.ops import copy_tensor
+from rewrite_ext.compat import VOID_TY_ARGS, TensorType, dtype_name, ty
 
 
 # The thread's module, as the README's main job runs it.
@@ -45,8 +46,8 @@ def _inputs(func: relax.Function, seed: int) -> list[tvm.runtime.Tensor]:
     rng = np.random.default_rng(seed)
     out = []
     for param in func.params:
-        shape = [int(d) for d in param.ty.shape.values]
-        dtype = str(param.ty.dtype.dtype)
+        shape = [int(d) for d in ty(param).shape.values]
+        dtype = dtype_name(ty(param))
         data = rng.standard_normal(shape) if dtype.startswith("float") else rng.integers(-99, 99, shape)
         out.append(tvm.runtime.tensor(data.astype(dtype)))
     return out
@@ -95,8 +96,8 @@ class SeedRace:
     def main(x: R.Tensor((4, 8), "float32")) -> R.Tensor((4, 8), "float32"):
         storage = R.vm.alloc_storage(R.shape([128]), R.prim_value(0), R.dtype("uint8"), R.str("global"))
         a = R.vm.alloc_tensor(storage, R.prim_value(0), R.shape([4, 8]), R.dtype("float32"))
-        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", [x, a, 0, True], ty_args=[R.Tuple()])
-        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", [0, 1, True, x, a], ty_args=[R.Tuple()])
+        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", [x, a, 0, True], **VOID_TY_ARGS)
+        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", [0, 1, True, x, a], **VOID_TY_ARGS)
         y = R.add(a, a)
         return y
 
@@ -137,8 +138,8 @@ def _big_copy_with_compute() -> tvm.IRModule:
     """17 MiB of float32 (more than one descriptor) copied, compute on y meanwhile."""
     n = 17 * 2**20 // 4
     bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType([n], "float32"))
-    y = relax.Var("y", relax.TensorType([16], "float32"))
+    x = relax.Var("x", TensorType([n], "float32"))
+    y = relax.Var("y", TensorType([16], "float32"))
     with bb.function("main", [x, y], pure=False):
         out = bb.emit(relax.op.builtin.alloc_tensor(relax.ShapeExpr([n]), "float32", 0))
         bb.emit(copy_tensor(x, out))
@@ -192,10 +193,10 @@ class _StageCopies(PyExprMutator):
         self.pending_x: relax.Var | None = x
 
     def _stage(self, var: relax.Var) -> None:
-        ty = var.ty
-        nbytes = int(np.prod([int(d) for d in ty.shape.values])) * 4
+        var_type = ty(var)
+        nbytes = int(np.prod([int(d) for d in var_type.shape.values])) * 4
         storage = self.builder_.emit(relax.op.vm.alloc_storage(relax.ShapeExpr([nbytes]), 0, "uint8", "global"))
-        staged = self.builder_.emit(relax.op.vm.alloc_tensor(storage, 0, ty.shape, "float32"))
+        staged = self.builder_.emit(relax.op.vm.alloc_tensor(storage, 0, var_type.shape, "float32"))
         self.builder_.emit(copy_tensor(var, staged))
         self.set_var_remap(var, staged)
 
@@ -233,7 +234,7 @@ def test_a_lowered_mlp_with_staging_copies_runs_equal_under_the_overlap_schedule
     mod = _lowered_mlp_with_copies()
     assert mod.script().count("R.vm.copy_tensor") == 5  # the input and four kernel outputs
     rng = np.random.default_rng(7)
-    args = [rng.standard_normal([int(d) for d in p.ty.shape.values]).astype("float32") for p in mod["forward"].params]
+    args = [rng.standard_normal([int(d) for d in ty(p).shape.values]).astype("float32") for p in mod["forward"].params]
 
     def run(m: tvm.IRModule) -> np.ndarray:
         vm = relax.VirtualMachine(relax.build(m, target="llvm"), tvm.cpu())

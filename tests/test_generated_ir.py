@@ -43,6 +43,7 @@ from rewrite_ext.testing.strategies import (
     relax_functions,
     relax_modules,
 )
+from rewrite_ext.compat import ty
 
 PROFILE_EXAMPLES = settings().max_examples
 MORE_EXAMPLES = settings(max_examples=4 * PROFILE_EXAMPLES)
@@ -66,7 +67,7 @@ def _negative(orig, m, builder):
 
 def _matmul_halves(orig, m, builder):
     w = m[Y]
-    cols = w.ty.shape.values[-1] if w.ty.ndim == 2 and w.ty.shape is not None else None
+    cols = ty(w).shape.values[-1] if ty(w).ndim == 2 and ty(w).shape is not None else None
     if not isinstance(cols, tvm.tirx.IntImm) or cols.value < 2:
         return None  # declined: nothing to split
     parts = builder.emit(relax.op.split(w, [cols.value // 2], axis=1))

@@ -13,6 +13,7 @@ from rewrite_ext import RewriteError, rewrite_call
 from rewrite_ext.hexagon import CopyToDMA, copy_tensor_pattern, copy_to_dma
 from rewrite_ext.hexagon.dma import CHUNK_BYTES, MAX_DESCRIPTOR_BYTES
 from rewrite_ext.ops import copy_tensor
+from rewrite_ext.compat import VOID_TY_ARGS, TensorType, TupleType, ty
 
 
 @I.ir_module
@@ -33,11 +34,11 @@ class SeedAfter:
     def main(x: R.Tensor((32, 64), "int32")) -> R.Tensor((32, 64), "int32"):
         vtcm_obj = R.vm.alloc_storage(R.shape([16384]), R.prim_value(0), R.dtype("uint8"), R.str("global"))
         a = R.vm.alloc_tensor(vtcm_obj, R.prim_value(0), R.shape([32, 64]), R.dtype("int32"))
-        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", [x, a, 0, True], ty_args=[R.Tuple()])
-        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", [0, 0, True, x, a], ty_args=[R.Tuple()])
+        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", [x, a, 0, True], **VOID_TY_ARGS)
+        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", [0, 0, True, x, a], **VOID_TY_ARGS)
         b = R.vm.alloc_tensor(vtcm_obj, R.prim_value(8192), R.shape([32, 64]), R.dtype("int32"))
-        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", [a, b, 0, True], ty_args=[R.Tuple()])
-        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", [0, 0, True, a, b], ty_args=[R.Tuple()])
+        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", [a, b, 0, True], **VOID_TY_ARGS)
+        R.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", [0, 0, True, a, b], **VOID_TY_ARGS)
         return b
 
 
@@ -61,7 +62,7 @@ def test_seed_module_checked_binding_by_binding():
     assert [int(v) for v in wait_args[:3]] == [0, 0, 1]
     assert wait_args[3].same_as(x) and wait_args[4].same_as(a)
     for binding in (bindings[2], bindings[3]):
-        assert isinstance(binding.var.ty, relax.TupleType) and len(binding.var.ty.fields) == 0
+        assert isinstance(ty(binding.var), TupleType) and len(ty(binding.var).fields) == 0
     # nothing else moved: the allocation of b still comes after the first copy's wait
     assert bindings[4].var.name == "b" and bindings[0].var.same_as(vtcm)
 
@@ -97,16 +98,16 @@ def test_copy_to_dma_pass_composes_in_sequential():
 
 
 def test_the_pattern_matches_copy_tensor_calls_only():
-    x = relax.Var("x", relax.TensorType((4,), "float32"))
-    y = relax.Var("y", relax.TensorType((4,), "float32"))
+    x = relax.Var("x", TensorType((4,), "float32"))
+    y = relax.Var("y", TensorType((4,), "float32"))
     assert copy_tensor_pattern().match(copy_tensor(x, y))
     assert not copy_tensor_pattern().match(relax.op.add(x, y))
 
 
 def test_copy_in_a_pure_function_is_reported_as_a_purity_error():
     bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((4,), "float32"))
-    y = relax.Var("y", relax.TensorType((4,), "float32"))
+    x = relax.Var("x", TensorType((4,), "float32"))
+    y = relax.Var("y", TensorType((4,), "float32"))
     # Built impure, then re-declared pure: what a careless pass could leave behind.
     with bb.function("main", [x, y], pure=False):
         bb.emit(copy_tensor(x, y))
@@ -120,8 +121,8 @@ def test_copy_in_a_pure_function_is_reported_as_a_purity_error():
 def _emit_dma_like(orig, matchings, builder):
     # the same shape as the reference rewriter: emit an impure call, return another
     src, dst = orig.args
-    builder.emit(relax.op.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", [src, dst], ty_args=[relax.TupleType([])]))
-    return relax.op.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", [src, dst], ty_args=[relax.TupleType([])])
+    builder.emit(relax.op.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", [src, dst], **VOID_TY_ARGS))
+    return relax.op.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", [src, dst], **VOID_TY_ARGS)
 
 
 def test_copies_in_if_branches_and_several_blocks_are_all_rewritten():
@@ -177,7 +178,7 @@ def _copy_of(n: int | str, dtype: str = "float32") -> tvm.IRModule:
     """``main(x)``: copy x, of ``n`` elements, into an output tensor."""
     bb = relax.BlockBuilder()
     dim = tvm.tirx.Var("n", "int64") if n == "symbolic" else n
-    x = relax.Var("x", relax.TensorType([dim], dtype))
+    x = relax.Var("x", TensorType([dim], dtype))
     with bb.function("main", [x], pure=False):
         out = bb.emit(relax.op.builtin.alloc_tensor(relax.ShapeExpr([dim]), dtype, 0))
         bb.emit(copy_tensor(x, out))

@@ -14,8 +14,9 @@ from tvm.script import relax as R
 
 import rewrite_ext.ops as ops
 from rewrite_ext.ops import COPY_TENSOR_OP, copy_tensor
+from rewrite_ext.compat import ShapeType, TensorType, TupleType, ty
 
-VOID = relax.TupleType([])
+VOID = TupleType([])
 
 
 def _impure_copy_function(src_ty: relax.Type, dst_ty: relax.Type, pure: bool = False) -> tvm.IRModule:
@@ -46,41 +47,41 @@ def test_reimport_and_reload_are_no_ops():
     assert Op.get(COPY_TENSOR_OP).same_as(op_before)
     # The parser now resolves the reloaded module's function, which still works.
     assert R.vm.copy_tensor is reloaded.copy_tensor
-    mod = _impure_copy_function(relax.TensorType((4,), "int8"), relax.TensorType((4,), "int8"))
+    mod = _impure_copy_function(TensorType((4,), "int8"), TensorType((4,), "int8"))
     relax.analysis.well_formed(mod)
 
 
 def test_call_is_void_impure_and_well_formed_in_an_impure_function():
-    mod = _impure_copy_function(relax.TensorType((2, 3), "float32"), relax.TensorType((2, 3), "float32"))
+    mod = _impure_copy_function(TensorType((2, 3), "float32"), TensorType((2, 3), "float32"))
     binding = mod["main"].body.blocks[0].bindings[0]
     assert isinstance(binding.value, relax.Call) and binding.value.op.same_as(Op.get(COPY_TENSOR_OP))
     # (An empty TupleType's repr is "None" in TVM 0.27: compare structurally.)
-    tvm.ir.assert_structural_equal(binding.var.ty, VOID)
-    tvm.ir.assert_structural_equal(relax.BlockBuilder().normalize(binding.value).ty, VOID)
+    tvm.ir.assert_structural_equal(ty(binding.var), VOID)
+    tvm.ir.assert_structural_equal(ty(relax.BlockBuilder().normalize(binding.value)), VOID)
     assert relax.analysis.contains_impure_call(mod["main"])
     assert relax.analysis.check_well_formed(mod)
 
 
 def test_call_in_a_pure_function_is_not_well_formed():
-    mod = _impure_copy_function(relax.TensorType((4,), "float32"), relax.TensorType((4,), "float32"), pure=True)
+    mod = _impure_copy_function(TensorType((4,), "float32"), TensorType((4,), "float32"), pure=True)
     assert not relax.analysis.check_well_formed(mod)
 
 
 def test_type_inference_accepts_equal_byte_sizes_across_shapes_and_dtypes():
     # 4 x float32 == 2 x float64 == 16 bytes: the runtime copy only compares byte sizes.
-    mod = _impure_copy_function(relax.TensorType((4,), "float32"), relax.TensorType((2,), "float64"))
+    mod = _impure_copy_function(TensorType((4,), "float32"), TensorType((2,), "float64"))
     assert relax.analysis.check_well_formed(mod)
     # Unknown shapes are left to the runtime check.
-    mod = _impure_copy_function(relax.TensorType(ndim=1, dtype="float32"), relax.TensorType((5,), "float32"))
+    mod = _impure_copy_function(TensorType(ndim=1, dtype="float32"), TensorType((5,), "float32"))
     assert relax.analysis.check_well_formed(mod)
 
 
 @pytest.mark.parametrize(
     ("src_ty", "dst_ty", "message"),
     [
-        (relax.TensorType((4,), "float32"), relax.TensorType((5,), "float32"), "16 bytes"),
-        (relax.TensorType((4,), "int8"), relax.TensorType((4,), "int16"), "8 bytes"),
-        (relax.TensorType((4,), "float32"), relax.ShapeType(ndim=1), "dst must be a tensor"),
+        (TensorType((4,), "float32"), TensorType((5,), "float32"), "16 bytes"),
+        (TensorType((4,), "int8"), TensorType((4,), "int16"), "8 bytes"),
+        (TensorType((4,), "float32"), ShapeType(ndim=1), "dst must be a tensor"),
     ],
 )
 def test_type_inference_rejects_what_the_runtime_copy_would(src_ty, dst_ty, message):

@@ -3,7 +3,7 @@
 The IR cases write the DMA builtins through the small helpers ``dma_copy`` /
 ``dma_wait`` / ``legacy_wait`` below, which TVMScript calls like any other
 function returning a Relax call: ``dma_copy(x, a)`` is
-``R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", [x, a, 0, True], ty_args=[R.Tuple()])``.
+``R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", [x, a, 0, True], **VOID_TY_ARGS)``.
 """
 
 from __future__ import annotations
@@ -30,12 +30,13 @@ from rewrite_ext.hexagon.overlap import (
 )
 from rewrite_ext.ops import copy_tensor
 from rewrite_ext.testing.strategies import lowered_copy_functions
+from rewrite_ext.compat import TY_ARGS, VOID_TY_ARGS, ObjectType, TensorType, TupleType, dtype_name, ty
 
 # ---------------------------------------------------------------------------------------------
 # Writing DMA builtins in TVMScript
 # ---------------------------------------------------------------------------------------------
 
-_VOID = [relax.TupleType([])]
+_VOID = [TupleType([])]
 
 
 def _imm(value: int) -> tvm.ir.PrimExpr:
@@ -43,15 +44,15 @@ def _imm(value: int) -> tvm.ir.PrimExpr:
 
 
 def dma_copy(src: relax.Expr, dst: relax.Expr, queue: int = 0) -> relax.Call:
-    return relax.op.call_builtin_with_ctx(DMA_COPY, [src, dst, _imm(queue), _imm(1)], ty_args=_VOID)
+    return relax.op.call_builtin_with_ctx(DMA_COPY, [src, dst, _imm(queue), _imm(1)], **{TY_ARGS: _VOID})
 
 
 def dma_wait(src: relax.Expr, dst: relax.Expr, queue: int = 0, inflight: int = 0) -> relax.Call:
-    return relax.op.call_builtin_with_ctx(DMA_WAIT, [_imm(queue), _imm(inflight), _imm(1), src, dst], ty_args=_VOID)
+    return relax.op.call_builtin_with_ctx(DMA_WAIT, [_imm(queue), _imm(inflight), _imm(1), src, dst], **{TY_ARGS: _VOID})
 
 
 def legacy_wait(queue: int = 0) -> relax.Call:
-    return relax.op.call_builtin_with_ctx(DMA_WAIT, [_imm(queue), _imm(0)], ty_args=_VOID)
+    return relax.op.call_builtin_with_ctx(DMA_WAIT, [_imm(queue), _imm(0)], **{TY_ARGS: _VOID})
 
 
 def _alloc(storage: relax.Expr, offset: int | tvm.ir.PrimExpr, n: int = 16) -> relax.Call:
@@ -674,7 +675,7 @@ def src_read_then_written(x: R.Tensor((16,), "float32")) -> R.Tensor((16,), "flo
     c = R.add(x, x)  # reads src
     dma_copy(x, b)  # reads src
     dma_wait(x, b)
-    R.call_packed("fill_zero", x, ty_args=R.Tuple())  # may write src
+    R.call_packed("fill_zero", x, **VOID_TY_ARGS)  # may write src
     return c
 
 
@@ -688,7 +689,7 @@ def src_read_then_written_sunk(x: R.Tensor((16,), "float32")) -> R.Tensor((16,),
     c = R.add(x, x)
     dma_wait(x, a, inflight=1)
     dma_wait(x, b)
-    R.call_packed("fill_zero", x, ty_args=R.Tuple())
+    R.call_packed("fill_zero", x, **VOID_TY_ARGS)
     return c
 
 
@@ -743,9 +744,9 @@ def parameters(x: R.Tensor((16,), "float32"), y: R.Tensor((16,), "float32")) -> 
     scratch = R.builtin.alloc_tensor(R.shape([16]), R.dtype("float32"), R.prim_value(0))
     dma_copy(x, a)
     dma_wait(x, a)
-    R.call_packed("tick", ty_args=R.Tuple())  # no tensor arguments: touches none
-    R.call_packed("scribble", scratch, ty_args=R.Tuple())  # allocated here: not x, not a
-    R.call_packed("scribble", y, ty_args=R.Tuple())  # y may alias x, the src
+    R.call_packed("tick", **VOID_TY_ARGS)  # no tensor arguments: touches none
+    R.call_packed("scribble", scratch, **VOID_TY_ARGS)  # allocated here: not x, not a
+    R.call_packed("scribble", y, **VOID_TY_ARGS)  # y may alias x, the src
     return a
 
 
@@ -755,10 +756,10 @@ def parameters_sunk(x: R.Tensor((16,), "float32"), y: R.Tensor((16,), "float32")
     a = _alloc(storage, 0)
     dma_copy(x, a)
     scratch = R.builtin.alloc_tensor(R.shape([16]), R.dtype("float32"), R.prim_value(0))
-    R.call_packed("tick", ty_args=R.Tuple())
-    R.call_packed("scribble", scratch, ty_args=R.Tuple())
+    R.call_packed("tick", **VOID_TY_ARGS)
+    R.call_packed("scribble", scratch, **VOID_TY_ARGS)
     dma_wait(x, a)
-    R.call_packed("scribble", y, ty_args=R.Tuple())
+    R.call_packed("scribble", y, **VOID_TY_ARGS)
     return a
 
 
@@ -770,13 +771,13 @@ def test_a_parameter_may_alias_another_parameter_but_not_local_memory():
 def packed_results(x: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
     storage = _storage()
     a = _alloc(storage, 0)
-    u = R.call_pure_packed("identity", a, ty_args=R.Tensor((16,), "float32"))  # may be a
+    u = R.call_pure_packed("identity", a, **{TY_ARGS: R.Tensor((16,), "float32")})  # may be a
     dma_copy(x, a)
     dma_wait(x, a)
-    t = R.call_packed("get_buffer", ty_args=R.Tensor((16,), "float32"))  # may be x, never a
+    t = R.call_packed("get_buffer", **{TY_ARGS: R.Tensor((16,), "float32")})  # may be x, never a
     c = R.add(t, t)
     d = R.add(u, c)
-    R.call_packed("scribble", t, ty_args=R.Tuple())
+    R.call_packed("scribble", t, **VOID_TY_ARGS)
     return d
 
 
@@ -784,13 +785,13 @@ def packed_results(x: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
 def packed_results_sunk(x: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
     storage = _storage()
     a = _alloc(storage, 0)
-    u = R.call_pure_packed("identity", a, ty_args=R.Tensor((16,), "float32"))
+    u = R.call_pure_packed("identity", a, **{TY_ARGS: R.Tensor((16,), "float32")})
     dma_copy(x, a)
-    t = R.call_packed("get_buffer", ty_args=R.Tensor((16,), "float32"))
+    t = R.call_packed("get_buffer", **{TY_ARGS: R.Tensor((16,), "float32")})
     c = R.add(t, t)
     dma_wait(x, a)
     d = R.add(u, c)
-    R.call_packed("scribble", t, ty_args=R.Tuple())
+    R.call_packed("scribble", t, **VOID_TY_ARGS)
     return d
 
 
@@ -804,8 +805,8 @@ def packed_result_written(x: R.Tensor((16,), "float32")) -> R.Tensor((16,), "flo
     a = _alloc(storage, 0)
     dma_copy(x, a)
     dma_wait(x, a)
-    t = R.call_packed("get_buffer", ty_args=R.Tensor((16,), "float32"))
-    R.call_packed("scribble", t, ty_args=R.Tuple())  # t may be x: writes the src
+    t = R.call_packed("get_buffer", **{TY_ARGS: R.Tensor((16,), "float32")})
+    R.call_packed("scribble", t, **VOID_TY_ARGS)  # t may be x: writes the src
     return a
 
 
@@ -814,9 +815,9 @@ def packed_result_written_sunk(x: R.Tensor((16,), "float32")) -> R.Tensor((16,),
     storage = _storage()
     a = _alloc(storage, 0)
     dma_copy(x, a)
-    t = R.call_packed("get_buffer", ty_args=R.Tensor((16,), "float32"))
+    t = R.call_packed("get_buffer", **{TY_ARGS: R.Tensor((16,), "float32")})
     dma_wait(x, a)
-    R.call_packed("scribble", t, ty_args=R.Tuple())
+    R.call_packed("scribble", t, **VOID_TY_ARGS)
     return a
 
 
@@ -970,14 +971,14 @@ def hand_pipelined(x: R.Tensor((16,), "float32"), y: R.Tensor((16,), "float32"))
 def _wait_var_used() -> relax.Function:
     # A void var's uses are normalized to R.tuple(), so the wait is typed R.Object here to
     # give it a var that can be used; moving it below that use would be ill-formed.
-    x = relax.Var("x", relax.TensorType([16], "float32"))
+    x = relax.Var("x", TensorType([16], "float32"))
     bb = relax.BlockBuilder()
     with bb.function("wait_var_used", [x], pure=False):
         storage = bb.emit(_storage())
         a = bb.emit(_alloc(storage, 0))
         bb.emit(dma_copy(x, a))
         wait = dma_wait(x, a)
-        done = bb.emit(relax.Call(wait.op, wait.args, wait.attrs, [relax.ObjectType()]))
+        done = bb.emit(relax.Call(wait.op, wait.args, wait.attrs, [ObjectType()]))
         c = bb.emit(relax.op.add(x, x))
         bb.emit_func_output(bb.emit(relax.Tuple([done, c])))
     func = bb.get()["wait_var_used"]
@@ -1125,7 +1126,7 @@ def late_copies(x: R.Tensor((16,), "float32"), y: R.Tensor((16,), "float32")) ->
     a = _alloc(storage, 0)
     b = _alloc(storage, 64)
     t = R.add(x, x)
-    R.call_packed("fill", y, ty_args=R.Tuple())
+    R.call_packed("fill", y, **VOID_TY_ARGS)
     u = R.add(t, y)
     dma_copy(x, a)
     dma_wait(x, a)
@@ -1144,7 +1145,7 @@ def late_copies_hoisted(x: R.Tensor((16,), "float32"), y: R.Tensor((16,), "float
     t = R.add(x, x)  # reading a src is no reason to wait
     # The packed call may write y, and x too (parameters may alias each other): both copies
     # start right after it, the last write of their src.
-    R.call_packed("fill", y, ty_args=R.Tuple())
+    R.call_packed("fill", y, **VOID_TY_ARGS)
     dma_copy(x, a)
     dma_copy(y, b)
     u = R.add(t, y)
@@ -1197,7 +1198,7 @@ def _two_queues_or_one(second: int):
         a = _alloc(storage, 0)
         b = _alloc(storage, 64)
         s = R.builtin.alloc_tensor(R.shape([16]), R.dtype("float32"), R.prim_value(0))
-        R.call_packed("fill", s, ty_args=R.Tuple())
+        R.call_packed("fill", s, **VOID_TY_ARGS)
         dma_copy(s, a, queue=0)
         dma_wait(s, a, queue=0)
         dma_copy(x, b, queue=second)
@@ -1293,7 +1294,7 @@ def test_a_copy_reading_a_merged_transfers_dst_starts_after_the_wait_that_comple
 def _copy_into_constant() -> tvm.IRModule:
     """The issue's race: ``k = R.const(...)``; ``copy_tensor(x, k)``; a read of k."""
     bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType([16], "float32"))
+    x = relax.Var("x", TensorType([16], "float32"))
     with bb.function("main", [x], pure=False):
         k = bb.emit(relax.const(np.zeros(16, "float32")), "k")
         bb.emit(copy_tensor(x, k))
@@ -1327,8 +1328,8 @@ def _inputs(func: relax.Function, seed: int) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     out = []
     for param in func.params:
-        shape = [int(d) for d in param.ty.shape.values]
-        dtype = str(param.ty.dtype.dtype)
+        shape = [int(d) for d in ty(param).shape.values]
+        dtype = dtype_name(ty(param))
         data = rng.standard_normal(shape) if dtype.startswith("float") else rng.integers(-99, 99, shape)
         out.append(data.astype(dtype))
     return out

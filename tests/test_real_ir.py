@@ -39,6 +39,7 @@ from _helpers import Snapshot, all_bindings, assert_same_results, binding_kinds,
 from rewrite_ext import RewriteCall, RewriteError, rewrite_call
 from rewrite_ext.hexagon import CopyToDMA, copy_to_dma, cpu_dma
 from rewrite_ext.ops import copy_tensor
+from rewrite_ext.compat import TY_ARGS, VOID_TY_ARGS, ObjectType, TupleType, ty
 
 X, Y = wildcard(), wildcard()
 ADD = is_op("relax.add")(X, Y)
@@ -46,7 +47,7 @@ P, Q, W = wildcard(), wildcard(), wildcard()
 MUL = is_op("relax.multiply")(P, Q)
 ADD_OF_MUL = is_op("relax.add")(MUL, W)
 
-VOID = relax.TupleType([])
+VOID = TupleType([])
 
 
 def subtract_of_multiply(orig, m):
@@ -60,7 +61,7 @@ def to_subtract(orig, m):
 
 def packed_call(name: str, *args: relax.Expr) -> relax.Call:
     """A void ``R.call_packed(name, *args)``: impure, as TVM types every call_packed."""
-    return relax.Call(relax.ExternFunc(name), list(args), ty_args=[VOID])
+    return relax.Call(relax.ExternFunc(name), list(args), **{TY_ARGS: [VOID]})
 
 
 class Trace:
@@ -133,7 +134,7 @@ def test_a_rewrite_across_an_in_place_copy_computes_what_the_original_computes(f
 @R.function(pure=False)
 def packed_between(x: R.Tensor((4,), "float32"), y: R.Tensor((4,), "float32")):
     lv0 = R.multiply(x, x)
-    R.call_packed("coretests.touch", x, ty_args=R.Tuple)
+    R.call_packed("coretests.touch", x, **VOID_TY_ARGS)
     lv1 = R.add(lv0, y)
     return lv1
 
@@ -141,7 +142,7 @@ def packed_between(x: R.Tensor((4,), "float32"), y: R.Tensor((4,), "float32")):
 @R.function(pure=False)
 def impure_value_between(x: R.Tensor((4,), "float32"), y: R.Tensor((4,), "float32")):
     lv0 = R.multiply(x, x)
-    z = R.call_packed("coretests.fresh", x, ty_args=R.Tensor((4,), "float32"))
+    z = R.call_packed("coretests.fresh", x, **{TY_ARGS: R.Tensor((4,), "float32")})
     lv1 = R.add(lv0, z)
     return lv1
 
@@ -149,7 +150,7 @@ def impure_value_between(x: R.Tensor((4,), "float32"), y: R.Tensor((4,), "float3
 @R.function(pure=False)
 def impure_deeper_down(x: R.Tensor((4,), "float32"), y: R.Tensor((4,), "float32")):
     e = R.exp(x)
-    R.call_packed("coretests.touch", x, ty_args=R.Tuple)
+    R.call_packed("coretests.touch", x, **VOID_TY_ARGS)
     m = R.multiply(e, e)
     lv1 = R.add(m, y)
     return lv1
@@ -241,7 +242,7 @@ def run_forward(mod: tvm.IRModule, stage: str, *, dma: bool = False):
     executable = relax.build(mod, target="llvm", relax_pipeline=pipeline)
     rng = np.random.default_rng(0)
     args = [
-        tvm.runtime.tensor(rng.standard_normal([int(d) for d in p.ty.shape.values]).astype("float32"))
+        tvm.runtime.tensor(rng.standard_normal([int(d) for d in ty(p).shape.values]).astype("float32"))
         for p in mod["forward"].params
     ]
     if not dma:
@@ -317,10 +318,10 @@ def with_copies(mod: tvm.IRModule, stage: str, kernels: tuple[str, ...] = ("relu
             bindings.append(binding)
             continue
         src = value.args[0]
-        shape = [int(d) for d in src.ty.shape.values]
-        storage = relax.Var("copy_storage", relax.ObjectType())
+        shape = [int(d) for d in ty(src).shape.values]
+        storage = relax.Var("copy_storage", ObjectType())
         size = relax.ShapeExpr([4 * int(np.prod(shape))])
-        dst = relax.Var("copy_dst", src.ty)
+        dst = relax.Var("copy_dst", ty(src))
         if vm_lowered:
             alloc = relax.op.vm.alloc_storage(size, 0, "uint8")
             tensor = relax.op.vm.alloc_tensor(storage, 0, relax.ShapeExpr(shape), "float32")
@@ -423,7 +424,7 @@ def symbolic_shapes(x: R.Tensor(("n", 4), "float32"), y: R.Tensor(("n * 2", 4), 
 
 @R.function
 def packed_calls(x: R.Tensor((4,), "float32")):
-    y = R.call_pure_packed("coretests.ident", x, ty_args=R.Tensor((4,), "float32"))
+    y = R.call_pure_packed("coretests.ident", x, **{TY_ARGS: R.Tensor((4,), "float32")})
     a = R.add(y, x)
     return a
 
@@ -442,8 +443,8 @@ def every_kind(
     t0 = t[0]
     b = R.multiply(a, t0)
     c = cb(b)
-    R.call_packed("coretests.touch", o, k, ty_args=R.Tuple)
-    d = R.call_pure_packed("coretests.ident", c, ty_args=R.Tensor((n, 4), "float32"))
+    R.call_packed("coretests.touch", o, k, **VOID_TY_ARGS)
+    d = R.call_pure_packed("coretests.ident", c, **{TY_ARGS: R.Tensor((n, 4), "float32")})
     r = R.reshape(d, s)
     e = R.add(r, x)
     return (e, k, s)
@@ -480,7 +481,7 @@ def test_a_matching_rewrite_of_a_function_with_any_parameters_is_well_formed(fun
     kinds, old = binding_kinds(out), binding_kinds(func)
     assert kinds["add"] == 0 and kinds["subtract"] == old["add"] > 0
     assert kinds["negative"] == (old["add"] if form == 3 else 0)
-    assert [str(p.ty) for p in out.params] == [str(p.ty) for p in func.params]
+    assert [str(ty(p)) for p in out.params] == [str(ty(p)) for p in func.params]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -498,7 +499,7 @@ def fold_scale_into_weight(orig, matchings):
     if conv.attrs.kernel_layout != "OIHW" or conv.attrs.out_layout != "NCHW":
         return orig
     data, weight = conv.args
-    channels = weight.ty.shape[0]
+    channels = ty(weight).shape[0]
     scale = relax.op.reshape(matchings[SCALE], relax.ShapeExpr([channels, 1, 1, 1]))
     return relax.Call(conv.op, [data, relax.op.multiply(weight, scale)], conv.attrs)
 
@@ -518,7 +519,7 @@ def conv_then_scale(
 
 def random_args(func: relax.Function, seed: int = 0) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
-    return [rng.standard_normal([int(d) for d in p.ty.shape.values]).astype("float32") for p in func.params]
+    return [rng.standard_normal([int(d) for d in ty(p).shape.values]).astype("float32") for p in func.params]
 
 
 def test_a_tvm_rewriter_reading_matched_call_attrs_gives_tvms_results():
@@ -753,14 +754,14 @@ def branches(cond: R.Tensor((), "bool"), x: R.Tensor((4,), "float32"), y: R.Tens
 
 
 def foreign_var(orig, m):
-    stranger = relax.Var("stranger", m[X].ty)
+    stranger = relax.Var("stranger", ty(m[X]))
     m = dict(m.items())  # TVM's Map is immutable (mutating it is an error): a copy takes anything
     m[wildcard()] = stranger
     return relax.op.subtract(m[X], stranger)
 
 
 def mutates_matchings(orig, m):
-    m[wildcard()] = relax.Var("stranger", m[X].ty)
+    m[wildcard()] = relax.Var("stranger", ty(m[X]))
     return relax.op.subtract(m[X], m[Y])
 
 
@@ -770,7 +771,7 @@ def opens_a_block(orig, m, builder):
 
 
 def opens_a_function(orig, m, builder):
-    builder.function("g", [relax.Var("z", m[X].ty)])  # never entered, never left
+    builder.function("g", [relax.Var("z", ty(m[X]))])  # never entered, never left
     return relax.op.subtract(m[X], m[Y])
 
 

@@ -13,6 +13,7 @@ from tvm.script import relax as R
 from tvm.script import tirx as T
 
 from rewrite_ext import RewriteCall, RewriteError, rewrite_call
+from rewrite_ext.compat import OUT_TY, TY_ARGS, VOID_TY_ARGS, TensorType, TupleType, ty
 
 X, Y = wildcard(), wildcard()
 ADD = is_op("relax.add")(X, Y)
@@ -66,9 +67,9 @@ def test_emitted_bindings_land_before_the_rewritten_binding_in_emission_order():
 
 def test_emit_normalized_and_match_cast_through_the_builder_land_in_order():
     def rewriter(orig, m, builder):
-        var = relax.DataflowVar("pre", relax.TensorType((4,), "float32"))
+        var = relax.DataflowVar("pre", TensorType((4,), "float32"))
         builder.emit_normalized(relax.VarBinding(var, builder.normalize(relax.op.negative(m[X]))))
-        cast = builder.match_cast(var, relax.TensorType((4,), "float32"))
+        cast = builder.match_cast(var, TensorType((4,), "float32"))
         return relax.op.multiply(cast, m[Y])
 
     out = rewrite_call(ADD, rewriter, add_chain, max_iterations=1)
@@ -140,7 +141,7 @@ def test_rewriter_returning_a_non_expression_is_an_error(returned):
 
 
 def test_rewriter_returning_an_invalid_expression_is_an_error_naming_the_binding():
-    bad = relax.Var("z", relax.TensorType((7, 3), "float32"))
+    bad = relax.Var("z", TensorType((7, 3), "float32"))
 
     def rewriter(orig, m):
         return relax.op.add(m[X], bad)  # shapes (4,) and (7, 3) do not broadcast
@@ -151,7 +152,7 @@ def test_rewriter_returning_an_invalid_expression_is_an_error_naming_the_binding
 
 
 def test_result_that_is_not_well_formed_is_an_error():
-    stranger = relax.Var("stranger", relax.TensorType((4,), "float32"))
+    stranger = relax.Var("stranger", TensorType((4,), "float32"))
 
     def rewriter(orig, m):
         return relax.op.multiply(m[X], stranger)  # a var bound nowhere in the function
@@ -174,8 +175,8 @@ def test_rule_that_never_converges_is_an_error_naming_the_bindings_that_keep_mat
 
 def test_a_non_convergence_message_names_the_first_ten_bindings_and_counts_the_rest():
     builder = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((4,), "float32"))
-    y = relax.Var("y", relax.TensorType((4,), "float32"))
+    x = relax.Var("x", TensorType((4,), "float32"))
+    y = relax.Var("y", TensorType((4,), "float32"))
     with builder.function("many_adds", [x, y]):
         with builder.dataflow():
             out = x
@@ -238,7 +239,7 @@ def test_impure_bindings_are_not_seen_through():
 
     @R.function(pure=False)
     def f(x: R.Tensor((4,), "float32")):
-        a = R.call_builtin_with_ctx("test.effect", (x,), ty_args=[R.Tensor((4,), "float32")])
+        a = R.call_builtin_with_ctx("test.effect", (x,), **{TY_ARGS: [R.Tensor((4,), "float32")]})
         b = R.add(a, x)
         return b
 
@@ -312,11 +313,11 @@ def impure_with_unused(x: R.Tensor((4,), "float32")):
 
 def test_void_value_for_an_unused_binding_retypes_its_var_as_empty_tuple():
     def rewriter(orig, m, builder):
-        return relax.op.call_builtin_with_ctx("test.sink", [m[X]], ty_args=[relax.TupleType([])])
+        return relax.op.call_builtin_with_ctx("test.sink", [m[X]], **VOID_TY_ARGS)
 
     out = rewrite_call(ADD, rewriter, impure_with_unused)
     binding = out.body.blocks[0].bindings[1]
-    assert isinstance(binding.var.ty, relax.TupleType) and len(binding.var.ty.fields) == 0
+    assert isinstance(ty(binding.var), TupleType) and len(ty(binding.var).fields) == 0
     relax.analysis.well_formed(out)
 
 
@@ -328,7 +329,7 @@ def test_void_value_for_a_binding_whose_var_is_used_later_is_an_error():
         return b
 
     def rewriter(orig, m):
-        return relax.op.call_builtin_with_ctx("test.sink", [m[X]], ty_args=[relax.TupleType([])])
+        return relax.op.call_builtin_with_ctx("test.sink", [m[X]], **VOID_TY_ARGS)
 
     with pytest.raises(RewriteError, match="used later") as info:
         rewrite_call(ADD, rewriter, f)
@@ -340,14 +341,14 @@ def test_void_value_for_a_void_binding_keeps_the_var_and_emitted_void_calls_get_
 
     @R.function(pure=False)
     def f(x: R.Tensor((4,), "float32")):
-        R.call_builtin_with_ctx("test.first", (x,), ty_args=[R.Tuple()])
+        R.call_builtin_with_ctx("test.first", (x,), **VOID_TY_ARGS)
         return x
 
     def rewriter(orig, m, builder):
         if str(orig.args[0]) != 'R.ExternFunc("test.first")':
             return None
-        builder.emit(relax.op.call_builtin_with_ctx("test.before", [f.params[0]], ty_args=[relax.TupleType([])]))
-        return relax.op.call_builtin_with_ctx("test.after", [f.params[0]], ty_args=[relax.TupleType([])])
+        builder.emit(relax.op.call_builtin_with_ctx("test.before", [f.params[0]], **VOID_TY_ARGS))
+        return relax.op.call_builtin_with_ctx("test.after", [f.params[0]], **VOID_TY_ARGS)
 
     out = rewrite_call(sink, rewriter, f)
     old = f.body.blocks[0].bindings[0].var
@@ -355,7 +356,7 @@ def test_void_value_for_a_void_binding_keeps_the_var_and_emitted_void_calls_get_
     assert len(new) == 2
     assert new[1].var.same_as(old)
     assert not new[0].var.same_as(old)
-    assert all(isinstance(b.var.ty, relax.TupleType) and len(b.var.ty.fields) == 0 for b in new)
+    assert all(isinstance(ty(b.var), TupleType) and len(ty(b.var).fields) == 0 for b in new)
     assert 'test.before' in str(new[0].value) and 'test.after' in str(new[1].value)
 
 
@@ -377,9 +378,9 @@ def test_incompatible_type_retypes_the_var_and_updates_every_later_use():
     out = rewrite_call(ADD, rewriter, f)
     relax.analysis.well_formed(out)
     a, b = out.body.blocks[0].bindings
-    assert a.var.ty.dtype == "float16"
+    assert ty(a.var).dtype == "float16"
     assert b.value.args[0].same_as(a.var)
-    assert b.var.ty.dtype == "float16"  # exp of a float16 is float16: no stale annotation
+    assert ty(b.var).dtype == "float16"  # exp of a float16 is float16: no stale annotation
 
 
 def test_compatible_type_keeps_the_binding_var():
@@ -519,7 +520,7 @@ def test_matches_inside_nested_local_functions():
 
 
 def _emit_impure(orig, m, builder):
-    builder.emit(relax.op.call_builtin_with_ctx("test.effect", [m[X]], ty_args=[relax.TupleType([])]))
+    builder.emit(relax.op.call_builtin_with_ctx("test.effect", [m[X]], **VOID_TY_ARGS))
     return relax.op.multiply(m[X], m[Y])
 
 
@@ -539,7 +540,7 @@ def test_impure_call_in_a_pure_function_is_an_error_that_says_how_to_fix_it():
         rewrite_call(ADD, _emit_impure, f)
 
     def return_impure(orig, m):
-        return relax.op.call_builtin_with_ctx("test.effect", [m[X]], ty_args=[relax.TensorType((4,), "float32")])
+        return relax.op.call_builtin_with_ctx("test.effect", [m[X]], **{TY_ARGS: [TensorType((4,), "float32")]})
 
     with pytest.raises(RewriteError, match="returned the impure call"):
         rewrite_call(ADD, return_impure, f)
@@ -604,7 +605,7 @@ class Module:
     def main(x: R.Tensor((4,), "float32")):
         cls = Module
         with R.dataflow():
-            a = R.call_tir(cls.add_one, (x,), out_ty=R.Tensor((4,), "float32"))
+            a = R.call_tir(cls.add_one, (x,), **{OUT_TY: R.Tensor((4,), "float32")})
             b = R.add(a, a)
             R.output(b)
         return b

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 import tvm
@@ -26,7 +27,9 @@ from rewrite_ext import (
     rewrite_call,
 )
 from rewrite_ext.hexagon import copy_to_dma
+from rewrite_ext.testing import assert_same_results
 from rewrite_ext.testing.strategies import lowered_copy_functions
+from rewrite_ext.compat import TY_ARGS, VOID_TY_ARGS, TupleType, ty
 
 X, Y = wildcard(), wildcard()
 ADD = is_op("relax.add")(X, Y)
@@ -237,10 +240,10 @@ def test_decline_with_a_reason_as_a_lowering_rule_does():
     def copy_into_vtcm(orig, m, builder):
         if m[DST] not in in_vtcm:
             raise Decline("dst is not in VTCM")
-        void = [relax.TupleType([])]
+        void = [TupleType([])]
         args = relax.Tuple([m[SRC], m[DST], imm(0), imm(1)])
-        builder.emit(relax.op.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", args, ty_args=void))
-        return relax.op.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", args, ty_args=void)
+        builder.emit(relax.op.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", args, **{TY_ARGS: void}))
+        return relax.op.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", args, **{TY_ARGS: void})
 
     report = RewriteReport()
     out = rewrite_call(COPY, copy_into_vtcm, Staged, report=report)
@@ -269,7 +272,7 @@ def test_decline_leaves_the_binding_records_the_reason_and_drops_what_was_emitte
 
 def test_report_counts_offered_rewritten_kept_and_declined_per_rule():
     def keep_with_a_check(orig, m, builder):
-        builder.emit(relax.op.call_pure_packed("my.check", m[X], ty_args=relax.TupleType([])))
+        builder.emit(relax.op.call_pure_packed("my.check", m[X], **VOID_TY_ARGS))
         return orig
 
     def no_change(orig, m):
@@ -334,7 +337,7 @@ def test_dry_run_fills_the_report_and_returns_the_input():
 
 def test_dry_run_still_raises_what_the_rewrite_would_raise():
     def void_for_a_used_var(orig, m):
-        return relax.op.call_pure_packed("my.f", m[X], ty_args=relax.TupleType([]))
+        return relax.op.call_pure_packed("my.f", m[X], **VOID_TY_ARGS)
 
     with pytest.raises(RewriteError, match="void value"):
         rewrite_call(ADD, void_for_a_used_var, chain, dry_run=True)
@@ -381,9 +384,9 @@ def test_cleanup_keeps_void_and_impure_bindings_of_a_lowered_function():
 
     def to_dma(orig, m, builder):
         args = [m[SRC], m[DST], imm(0), imm(1)]
-        void = [relax.TupleType([])]
-        builder.emit(relax.op.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", relax.Tuple(args), ty_args=void))
-        return relax.op.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", relax.Tuple(args), ty_args=void)
+        void = [TupleType([])]
+        builder.emit(relax.op.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", relax.Tuple(args), **{TY_ARGS: void}))
+        return relax.op.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", relax.Tuple(args), **{TY_ARGS: void})
 
     plain = rewrite_call(COPY, to_dma, Lowered)
     cleaned = rewrite_call(COPY, to_dma, Lowered, cleanup=True)
@@ -395,10 +398,34 @@ def test_cleanup_keeps_void_and_impure_bindings_of_a_lowered_function():
     relax.analysis.well_formed(cleaned)
 
 
+def test_cleanup_never_merges_a_value_computed_before_a_copy_with_the_same_one_after_it():
+    # TVM's EliminateCommonSubexpr merges the two R.negative(a) below although the second
+    # copy wrote a in between: the rewritten function would return |x| twice.
+    @R.function(pure=False)
+    def f(x: R.Tensor((4,), "float32"), y: R.Tensor((4,), "float32")):
+        storage = R.vm.alloc_storage(R.shape([16]), 0, "uint8")
+        a = R.vm.alloc_tensor(storage, 0, R.shape([4]), "float32")
+        R.vm.copy_tensor(x, a)
+        t0 = R.abs(a)
+        R.vm.copy_tensor(y, a)
+        t1 = R.abs(a)
+        return (t0, t1)
+
+    def abs_as_max(orig, m, builder):
+        negated = builder.emit(relax.op.negative(m[X]))
+        return relax.op.maximum(m[X], negated)
+
+    cleaned = rewrite_call(is_op("relax.abs")(X), abs_as_max, f, cleanup=True)
+    relax.analysis.well_formed(cleaned)
+    assert str(cleaned).count("R.negative(a)") == 2
+    inputs = [np.array([-1, 2, -3, 4], "float32"), np.array([5, -6, 7, -8], "float32")]
+    assert_same_results(f, cleaned, inputs=inputs)
+
+
 def test_cleanup_never_merges_equal_pure_void_calls():
     def two_checks(orig, m, builder):
         for _ in range(2):
-            builder.emit(relax.op.call_pure_packed("my.check", m[X], ty_args=relax.TupleType([])))
+            builder.emit(relax.op.call_pure_packed("my.check", m[X], **VOID_TY_ARGS))
         return relax.op.subtract(m[X], m[Y])
 
     @R.function(pure=False)
@@ -488,7 +515,7 @@ def test_cleanup_does_not_offer_a_kept_binding_again_after_canonicalization_rena
         return gv
 
     def keep_with_a_check(orig, m, builder):
-        builder.emit(relax.op.call_pure_packed("my.check", m[X], ty_args=relax.TupleType([])))
+        builder.emit(relax.op.call_pure_packed("my.check", m[X], **VOID_TY_ARGS))
         return orig
 
     report = RewriteReport()
@@ -544,7 +571,7 @@ def _effects(func: relax.Function) -> list[str]:
     @relax.expr_functor.visitor
     class Collect(relax.expr_functor.PyExprVisitor):
         def visit_var_binding_(self, binding):
-            if is_void(binding.var.ty) or is_impure(binding.value):
+            if is_void(ty(binding.var)) or is_impure(binding.value):
                 found.append(str(binding.value))
             super().visit_var_binding_(binding)
 
@@ -556,12 +583,12 @@ def _effects(func: relax.Function) -> list[str]:
 @given(mod=lowered_copy_functions(max_copies=6))
 def test_cleanup_keeps_every_void_and_impure_binding_of_random_lowered_functions(mod):
     def to_dma_with_a_check(orig, m, builder):
-        void = [relax.TupleType([])]
-        builder.emit(relax.op.call_pure_packed("my.check", m[SRC], ty_args=void[0]))
-        builder.emit(relax.op.call_pure_packed("my.check", m[SRC], ty_args=void[0]))
+        void = [TupleType([])]
+        builder.emit(relax.op.call_pure_packed("my.check", m[SRC], **{TY_ARGS: void[0]}))
+        builder.emit(relax.op.call_pure_packed("my.check", m[SRC], **{TY_ARGS: void[0]}))
         args = relax.Tuple([m[SRC], m[DST], imm(0), imm(1)])
-        builder.emit(relax.op.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", args, ty_args=void))
-        return relax.op.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", args, ty_args=void)
+        builder.emit(relax.op.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", args, **{TY_ARGS: void}))
+        return relax.op.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", args, **{TY_ARGS: void})
 
     plain = rewrite_call(COPY, to_dma_with_a_check, mod)
     cleaned = rewrite_call(COPY, to_dma_with_a_check, mod, cleanup=True)

@@ -19,6 +19,7 @@ from rewrite_ext.testing import random_inputs as vm_inputs
 from rewrite_ext.testing import run
 from rewrite_ext.testing.opspecs import ELEMENTWISE_OPS, OP_NAMES, OpSpec, dims, is_float
 from rewrite_ext.testing.strategies import lowered_copy_functions, lowered_functions, relax_functions, relax_modules
+from rewrite_ext.compat import PrimType, TensorType, dtype_name, ty, var_name
 
 # Feature runs and find() only need generation (+ shrinking); hypothesis' explain phase
 # replays each shrunk example many times, which dominates the cost of a find().
@@ -64,7 +65,7 @@ def summarize(func: relax.Function) -> Summary:
         def visit_call_(self, call):
             if isinstance(call.op, tvm.ir.Op):
                 summary.ops[call.op.name] += 1
-                shapes = {tuple(a.ty.shape.values) for a in call.args if isinstance(a.ty, relax.TensorType)}
+                shapes = {tuple(ty(a).shape.values) for a in call.args if isinstance(ty(a), TensorType)}
                 summary.broadcast |= len(call.args) == 2 and len(shapes) == 2 and "reshape" not in call.op.name
             else:
                 summary.kinds["CallLocal"] += 1
@@ -79,11 +80,11 @@ def present(seen: Counter) -> set[str]:
 
 
 def dtype_of(var: relax.Var) -> str:
-    return str(var.ty.dtype.dtype)
+    return dtype_name(ty(var))
 
 
 def shape_of(var: relax.Var) -> tuple[int, ...]:
-    return tuple(int(d) for d in var.ty.shape.values)
+    return tuple(int(d) for d in ty(var).shape.values)
 
 
 # ---------------------------------------------------------------------------
@@ -122,9 +123,9 @@ def test_relax_functions_build_after_lambda_lift(func):
     # run_together works around apache/tvm#17348 (StaticPlanBlockMemory and If branches).
     got = run_together({"main": func}, random_inputs(func, 0))["main"]
     body = func.body.body
-    declared = [f.ty for f in body.fields] if isinstance(body, relax.Tuple) else [body.ty]
+    declared = [ty(f) for f in body.fields] if isinstance(body, relax.Tuple) else [ty(body)]
     assert [(g.shape, str(g.dtype)) for g in got] == [
-        (tuple(int(d) for d in ty.shape.values), str(ty.dtype.dtype)) for ty in declared
+        (tuple(int(d) for d in ty.shape.values), dtype_name(ty)) for ty in declared
     ]
 
 
@@ -526,17 +527,19 @@ def module_features(mod: tvm.IRModule) -> Counter:
             for b in summary.bindings
         )  # fmt: skip
         for param in func.params:
-            ty = param.ty
-            if isinstance(ty, relax.TensorType):
-                seen[str(ty.dtype.dtype)] += 1
-                seen["symbolic shape"] += ty.shape is not None and any(
-                    isinstance(d, tvm.tirx.Var) for d in ty.shape.values
+            param_type = ty(param)
+            if isinstance(param_type, TensorType):
+                seen[dtype_name(param_type)] += 1
+                seen["symbolic shape"] += param_type.shape is not None and any(
+                    isinstance(d, tvm.tirx.Var) for d in param_type.shape.values
                 )
-                seen["unknown shape"] += ty.shape is None
-                seen["scalar"] += ty.shape is not None and len(ty.shape.values) == 0 and str(param.name) != "cond"
+                seen["unknown shape"] += param_type.shape is None
+                seen["scalar"] += (
+                    param_type.shape is not None and len(param_type.shape.values) == 0 and var_name(param) != "cond"
+                )
             else:
-                seen[type(ty).__name__] += 1
-            seen["Prim condition"] += str(param.name) == "cond" and isinstance(ty, tvm.ir.PrimType)
+                seen[type(param_type).__name__] += 1
+            seen["Prim condition"] += var_name(param) == "cond" and isinstance(param_type, PrimType)
         seen["match_cast"] += any(isinstance(b, relax.MatchCast) for blk in func.body.blocks for b in blk.bindings)
     return seen
 

@@ -32,6 +32,7 @@ from tvm.script import tirx as T
 
 import rewrite_ext
 from rewrite_ext import RewriteError
+from rewrite_ext.compat import OUT_TY, TY_ARGS, VOID_TY_ARGS, TupleType, has_ty, ty
 
 
 def _const_data(const):
@@ -90,7 +91,7 @@ MATMUL_ADD = is_op("relax.add")(is_op("relax.matmul")(MM_X, MM_W), BIAS)
 
 
 def to_fused_call(orig, m):
-    return relax.op.call_pure_packed("fused_matmul_add", m[MM_X], m[MM_W], m[BIAS], ty_args=orig.ty)
+    return relax.op.call_pure_packed("fused_matmul_add", m[MM_X], m[MM_W], m[BIAS], **{TY_ARGS: ty(orig)})
 
 
 @R.function
@@ -312,7 +313,7 @@ def mixed_types(
 
 # TVM's test_wildcard_ty_with_symbolic_vars: only the elementwise add matches
 _m, _n = tvm.tirx.Var("m", "int64"), tvm.tirx.Var("n", "int64")
-ELEMENTWISE_L, ELEMENTWISE_R = wildcard().has_ty(R.Tensor([_m, _n])), wildcard().has_ty(R.Tensor([_m, _n]))
+ELEMENTWISE_L, ELEMENTWISE_R = has_ty(wildcard(), R.Tensor([_m, _n])), has_ty(wildcard(), R.Tensor([_m, _n]))
 ELEMENTWISE_ADD = is_op("relax.add")(ELEMENTWISE_L, ELEMENTWISE_R)
 
 
@@ -444,8 +445,8 @@ class TirModule:
     def main(x: R.Tensor((4,), "float32")):
         cls = TirModule
         with R.dataflow():
-            a = R.call_tir(cls.add_one, (x,), out_ty=R.Tensor((4,), "float32"))
-            b = R.call_tir(cls.add_one, (a,), out_ty=R.Tensor((4,), "float32"))
+            a = R.call_tir(cls.add_one, (x,), **{OUT_TY: R.Tensor((4,), "float32")})
+            b = R.call_tir(cls.add_one, (a,), **{OUT_TY: R.Tensor((4,), "float32")})
             c = R.add(a, b)
             R.output(c)
         return c
@@ -458,7 +459,7 @@ CALL_ADD_ONE_TWICE = is_op("relax.call_tir")(ADD_ONE, is_tuple([CALL_ADD_ONE]))
 
 
 def to_add_two(orig, m):
-    return relax.op.call_tir(TirModule.get_global_var("add_two"), [m[X]], out_ty=orig.ty)
+    return relax.op.call_tir(TirModule.get_global_var("add_two"), [m[X]], **{OUT_TY: ty(orig)})
 
 
 # -- the cases -------------------------------------------------------------------------------
@@ -674,12 +675,12 @@ def test_impure_call_in_a_plain_block_is_offered_where_tvm_never_offers_it():
 
     @R.function(pure=False, private=True)
     def before(x: R.Tensor((4,), "float32")):
-        R.call_builtin_with_ctx("test.effect", (x,), ty_args=[R.Tuple()])
+        R.call_builtin_with_ctx("test.effect", (x,), **VOID_TY_ARGS)
         return x
 
     @R.function(pure=False, private=True)
     def ext_result(x: R.Tensor((4,), "float32")):
-        R.call_builtin_with_ctx("test.other", (x,), ty_args=[R.Tuple()])
+        R.call_builtin_with_ctx("test.other", (x,), **VOID_TY_ARGS)
         return x
 
     args = wildcard()
@@ -688,7 +689,7 @@ def test_impure_call_in_a_plain_block_is_offered_where_tvm_never_offers_it():
 
     def rewriter(orig, m):
         calls.append(orig)
-        return relax.op.call_builtin_with_ctx("test.other", m[args], ty_args=[relax.TupleType([])])
+        return relax.op.call_builtin_with_ctx("test.other", m[args], **VOID_TY_ARGS)
 
     tvm.ir.assert_structural_equal(relax.dpl.rewrite_call(pattern, rewriter, before), before)
     assert calls == []
@@ -750,7 +751,7 @@ def test_changed_type_is_propagated_where_tvm_keeps_the_stale_annotation():
 
     ours = rewrite_ext.rewrite_call(ADD, to_half, before)
     tvm.ir.assert_structural_equal(ours, ext_result)
-    assert ours.body.blocks[0].bindings[0].var.ty.dtype == "float16"
+    assert ty(ours.body.blocks[0].bindings[0].var).dtype == "float16"
     relax.analysis.well_formed(ours)
 
     theirs = relax.dpl.rewrite_call(ADD, to_half, before)
@@ -758,6 +759,6 @@ def test_changed_type_is_propagated_where_tvm_keeps_the_stale_annotation():
     tvm.ir.assert_structural_equal(
         a.value, ext_result.body.blocks[0].bindings[0].value, map_free_vars=True
     )
-    assert a.var.ty.dtype == "float32" and a.value.ty.dtype == "float16"
+    assert ty(a.var).dtype == "float32" and ty(a.value).dtype == "float16"
     with pytest.raises(TypeError, match="cannot be assigned"):
         relax.analysis.well_formed(theirs)

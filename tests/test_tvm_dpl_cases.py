@@ -24,6 +24,7 @@ from tvm.script import relax as R
 from tvm.script import tirx as T
 
 from rewrite_ext import rewrite_call
+from rewrite_ext.compat import has_ty, ty
 
 
 def _const_data(const):
@@ -248,7 +249,7 @@ def test_rewrite_without_trivial_binding(bind_to_dataflow_var):
 
     def rewriter(expr, matches):
         arg = matches[pattern_arg]
-        if tvm_ffi.structural_equal(arg.ty.shape, matches[pattern_shape_expr]):
+        if tvm_ffi.structural_equal(ty(arg).shape, matches[pattern_shape_expr]):
             return arg
         return expr
 
@@ -291,14 +292,14 @@ def test_iterative_rewrite_without_trivial_binding():
         begin = matches[pattern_begin][0]
         end = matches[pattern_end][0]
         stride = matches[pattern_strides][0]
-        if arg.ty.shape is None or len(axes) != 1:
+        if ty(arg).shape is None or len(axes) != 1:
             return expr
         axis = axes[0]
         if not isinstance(axis, tirx.IntImm) or axis.value != 0:
             return expr
         if not isinstance(stride, tirx.IntImm) or stride.value != 1:
             return expr
-        size = arg.ty.shape[0]
+        size = ty(arg).shape[0]
         if not all(isinstance(v, tirx.IntImm) for v in (size, begin, end)):
             return expr
         size, begin, end = size.value, begin.value, end.value
@@ -347,7 +348,7 @@ def test_iterative_rewrite_with_removed_intermediates():
     def rewriter(expr, matches):
         if pat_unwrap_concat_split in matches:
             args = matches[pat_args]
-            if len(args) == 2 and tvm_ffi.structural_equal(args[0].ty, args[1].ty):
+            if len(args) == 2 and tvm_ffi.structural_equal(ty(args[0]), ty(args[1])):
                 return args
         elif pat_add_self in matches:
             return matches[pat_arg] * rx.const(2)
@@ -361,8 +362,8 @@ def test_iterative_rewrite_with_removed_intermediates():
 
 
 def _ty_pattern(shape):
-    lhs = wildcard().has_ty(R.Tensor(shape))
-    rhs = wildcard().has_ty(R.Tensor(shape))
+    lhs = has_ty(wildcard(), R.Tensor(shape))
+    rhs = has_ty(wildcard(), R.Tensor(shape))
 
     def rewriter(expr, matches):
         return rx.op.multiply(matches[lhs], matches[rhs])

@@ -28,6 +28,7 @@ from rewrite_ext.hexagon import (
     stage_in_vtcm,
     vtcm_capacity,
 )
+from rewrite_ext.compat import VOID_TY_ARGS, TensorType
 
 _spec = importlib.util.spec_from_file_location(
     "mlp_vtcm", Path(__file__).resolve().parent.parent / "examples" / "mlp_vtcm.py"
@@ -216,7 +217,7 @@ class Packed:
     def main(x: R.Tensor((4, 8), "float32")) -> R.Tensor((4, 8), "float32"):
         s = R.vm.alloc_storage(R.shape([128]), R.prim_value(0), R.dtype("uint8"), R.str("global"))
         out = R.vm.alloc_tensor(s, R.prim_value(0), R.shape([4, 8]), R.dtype("float32"))
-        R.call_packed("test_vtcm.double_into", x, out, ty_args=R.Tuple())
+        R.call_packed("test_vtcm.double_into", x, out, **VOID_TY_ARGS)
         return out
 
 
@@ -352,7 +353,7 @@ def test_the_example_runs_and_reports():
 def _concat_module(calls: list[list[int]], lengths: list[int]) -> tvm.IRModule:
     """One kernel per call, reading exactly the 1-D params it lists."""
     bb = relax.BlockBuilder()
-    params = [relax.Var(f"p{i}", relax.TensorType([n], "float32")) for i, n in enumerate(lengths)]
+    params = [relax.Var(f"p{i}", TensorType([n], "float32")) for i, n in enumerate(lengths)]
     with bb.function("main", params):
         with bb.dataflow():
             # concat of one tensor is legalized to no kernel at all: add it to itself instead

@@ -31,12 +31,13 @@ from _helpers import Snapshot, all_bindings, equal, op_name
 from rewrite_ext import RewriteError, rewrite_call
 from rewrite_ext.testing.strategies import relax_functions
 from test_properties import BINARY, MORE_EXAMPLES, UNARY, elementwise_ops
+from rewrite_ext.compat import TY_ARGS, TensorType, TupleType, ty, ty_args
 
 X, Y = wildcard(), wildcard()
 ADD = is_op("relax.add")(X, Y)
 ADD_DESCRIBED = "relax.add(*, *)"
 CONSTANT = getattr(relax, "Constant", None) or tvm.ir.expr.Constant  # moved to tvm.ir in TVM 0.27
-VOID = relax.TupleType([])
+VOID = TupleType([])
 INSERTS = ["none", "none", "impure", "cast"]
 """What comes before each binding in with_impure_and_casts, drawn per binding."""
 NOT_NAMING_WRONG = "the message quotes TVM's verdict, which names the types but not the var 'wrong'"
@@ -99,13 +100,13 @@ def test_a_re_typed_output_var_is_typed_as_tvms_mutator_types_it():
     out = rewrite_call(ADD, reshape, f)
     relax.analysis.well_formed(out)
     tvm.ir.assert_structural_equal(out, expected.with_attr("global_symbol", "f"))
-    assert str(out.body.ty) == str(relax.TensorType([2, 2], "float32"))
+    assert str(ty(out.body)) == str(TensorType([2, 2], "float32"))
 
 
 def test_a_function_whose_parameter_shapes_are_expressions_is_rewritten():
     n = tvm.tirx.Var("n", "int64")
-    x = relax.Var("x", relax.TensorType([n], "float32"))
-    y = relax.Var("y", relax.TensorType([n * 2], "float32"))
+    x = relax.Var("x", TensorType([n], "float32"))
+    y = relax.Var("y", TensorType([n * 2], "float32"))
     bb = relax.BlockBuilder()
     with bb.function("f", [x, y]):
         a = bb.emit(relax.op.add(y, y))
@@ -115,7 +116,7 @@ def test_a_function_whose_parameter_shapes_are_expressions_is_rewritten():
     out = rewrite_call(ADD, to_multiply, f)
     relax.analysis.well_formed(out)
     assert values(out) == ["R.multiply(y, y)"]
-    assert str(out.params[1].ty) == str(y.ty)
+    assert str(ty(out.params[1])) == str(ty(y))
 
 
 def test_a_rewrite_whose_output_matches_again_runs_to_the_fixed_point():
@@ -150,7 +151,7 @@ def test_a_symbolic_var_defined_by_an_earlier_match_cast_may_be_read():
         b = R.add(y, y)
         return (a, b)
 
-    n = f.body.blocks[0].bindings[0].ty.shape.values[0]
+    n = ty(f.body.blocks[0].bindings[0]).shape.values[0]
 
     def rewriter(orig, m):  # reads n, which only the match_cast of a defines
         return relax.op.reshape(m[X], relax.ShapeExpr([n]))
@@ -183,7 +184,7 @@ def impure(x: R.Tensor((4,), "float32")):
 
 
 def wrongly_annotated(orig, m, builder):
-    wrong = relax.Var("wrong", relax.TensorType([9, 9], "float32"))
+    wrong = relax.Var("wrong", TensorType([9, 9], "float32"))
     builder.emit_normalized(relax.VarBinding(wrong, builder.normalize(relax.op.exp(m[X]))))
     return relax.op.multiply(m[X], m[Y])  # wrong stays unused: its annotation is the only fault
 
@@ -206,7 +207,7 @@ def test_an_emitted_binding_with_a_wrong_type_annotation_is_an_error_naming_the_
 
 def test_an_emitted_dataflow_var_outside_a_dataflow_block_is_an_error_naming_the_binding():
     def rewriter(orig, m, builder):
-        dvar = relax.DataflowVar("d", m[X].ty)
+        dvar = relax.DataflowVar("d", ty(m[X]))
         builder.emit_normalized(relax.VarBinding(dvar, builder.normalize(relax.op.exp(m[X]))))
         return relax.op.multiply(dvar, m[Y])
 
@@ -298,7 +299,7 @@ def test_a_global_var_in_a_new_binding_is_checked_against_the_module():
 
 def chain_of_adds(count: int) -> relax.Function:
     bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType([4], "float32"))
+    x = relax.Var("x", TensorType([4], "float32"))
     with bb.function("chain", [x]):
         with bb.dataflow():
             cur = x
@@ -315,7 +316,7 @@ def reads_the_first_match(faulty: int | None):
 
     def rewriter(orig, m, builder):
         if len(emitted) == faulty:  # this match's binding is annotated with a wrong type
-            wrong = relax.DataflowVar("wrong", relax.TensorType([9, 9], "float32"))
+            wrong = relax.DataflowVar("wrong", TensorType([9, 9], "float32"))
             builder.emit_normalized(relax.VarBinding(wrong, builder.normalize(relax.op.exp(m[X]))))
         emitted.append(builder.emit(relax.op.exp(m[X])))
         return relax.op.multiply(emitted[-1], emitted[0])
@@ -390,7 +391,7 @@ def test_a_new_binding_reading_the_var_it_replaces_is_an_error_naming_it():
 
 
 def test_an_input_binding_a_var_twice_is_an_error():
-    tensor = relax.TensorType([4], "float32")
+    tensor = TensorType([4], "float32")
     x, a, b = (relax.Var(name, tensor) for name in "xab")
     bb = relax.BlockBuilder()
     exp, add = bb.normalize(relax.op.exp(x)), bb.normalize(relax.op.add(x, x))
@@ -612,15 +613,15 @@ def with_impure_and_casts(draw, func: relax.Function) -> relax.Function:
                 kind = next(choices, "none")
                 value = self.visit_expr(binding.value)
                 if kind == "impure":
-                    bb.emit(relax.Call(relax.ExternFunc("coretests.touch"), [], ty_args=[VOID]))
+                    bb.emit(relax.Call(relax.ExternFunc("coretests.touch"), [], **{TY_ARGS: [VOID]}))
                 elif kind == "cast" and isinstance(value, relax.Call) and value.args:
                     first = value.args[0]
-                    if isinstance(first, relax.Var) and isinstance(first.ty, relax.TensorType):
-                        cast = bb.match_cast(first, first.ty, "cast")
-                        value = relax.Call(value.op, [cast, *value.args[1:]], value.attrs, value.ty_args)
+                    if isinstance(first, relax.Var) and isinstance(ty(first), TensorType):
+                        cast = bb.match_cast(first, ty(first), "cast")
+                        value = relax.Call(value.op, [cast, *value.args[1:]], value.attrs, ty_args(value))
                 name = binding.var.name
                 if isinstance(binding, relax.MatchCast):
-                    new_var = bb.match_cast(value, binding.ty, name)
+                    new_var = bb.match_cast(value, ty(binding), name)
                 else:
                     new_var = bb.emit(value, name)
                 self.set_var_remap(binding.var, new_var)
@@ -728,7 +729,7 @@ def test_an_undefined_var_in_a_rewrite_that_keeps_matching_is_reported_as_not_we
             R.output(a)
         return a
 
-    ghost = relax.Var("ghost", relax.TensorType((4,), "float32"))
+    ghost = relax.Var("ghost", TensorType((4,), "float32"))
     with pytest.raises(RewriteError, match="not well formed") as info:
         rewrite_call(ADD, lambda orig, m: relax.op.add(m[X], ghost), f)
     assert_names(str(info.value), "f", "a", "ghost")
