@@ -18,6 +18,7 @@ from tvm import relax
 from . import _cleanup, _ir
 from ._walker import NAMES_SHOWN, FunctionPass, RuleSet
 from ._wellformed import LocalCheck, full_check
+from .compat import ret_ty
 from .errors import RewriteError
 from .report import Recorder, RewriteReport
 from .rule import Rule
@@ -126,7 +127,7 @@ def _check_signatures(old: tvm.IRModule, new: tvm.IRModule, changed: list[str]) 
     callers: dict[str, list[str]] | None = None
     for name in changed:
         before, after = old[name], new[name]
-        if tvm_ffi.structural_equal(before.ret_ty, after.ret_ty):
+        if tvm_ffi.structural_equal(ret_ty(before), ret_ty(after)):
             continue
         if callers is None:
             callers = {}
@@ -138,7 +139,7 @@ def _check_signatures(old: tvm.IRModule, new: tvm.IRModule, changed: list[str]) 
         if name in callers:
             raise RewriteError(
                 f"rewrite_ext: in function '{name}': the rewrite changed its return type from "
-                f"{before.ret_ty} to {after.ret_ty}, but {', '.join(sorted(set(callers[name])))} "
+                f"{ret_ty(before)} to {ret_ty(after)}, but {', '.join(sorted(set(callers[name])))} "
                 "call(s) it and expect the old type; return a value of the old type, or rewrite "
                 "the callers too"
             )

@@ -52,6 +52,11 @@ __all__ = [
     "has_ty",
     "with_type",
     "set_var_remap",
+    "ret_ty",
+    "imm",
+    "imm_value",
+    "data_ptr",
+    "sblock_read_write_regions",
     "void",
 ]
 
@@ -159,3 +164,50 @@ def set_var_remap(mutator: relax.PyExprMutator, var: relax.Var, new_var: relax.V
     ``set_var_remap`` takes the var in TVM 0.26+, its ``vid`` in 0.25.
     """
     mutator.set_var_remap(var if TYPES else var.vid, new_var)
+
+
+def ret_ty(func: relax.Function) -> relax.Type:
+    """A function's return type: ``func.ret_ty`` (0.26+), ``func.ret_struct_info`` (0.25)."""
+    return func.ret_ty if TYPES else func.ret_struct_info
+
+
+def imm(value: int | tvm.ir.PrimExpr, dtype: str = "int64") -> relax.Expr:
+    """An integer (or any ``PrimExpr``, such as a symbolic var) as a Relax call argument.
+
+    TVMScript parses ``0`` in a builtin's arguments as ``T.int64(0)`` (0.26+,
+    printed ``0``) or ``R.prim_value(T.int64(0))`` (0.25); this builds the same.
+    """
+    if isinstance(value, int):
+        value = tvm.tirx.IntImm(dtype, int(value))
+    return value if TYPES else relax.PrimValue(value)
+
+
+def imm_value(expr: object) -> int | None:
+    """The integer of an immediate :func:`imm` builds (also a bare ``IntImm``), else None."""
+    if not TYPES and isinstance(expr, relax.PrimValue):
+        expr = expr.value
+    return int(expr.value) if isinstance(expr, tvm.tirx.IntImm) else None
+
+
+def data_ptr(tensor: tvm.runtime.Tensor) -> int:
+    """The address of a CPU tensor's data (``Tensor.data_ptr()`` from 0.26 on)."""
+    if TYPES:
+        return tensor.data_ptr()
+    import numpy as np
+
+    return np.from_dlpack(tensor).__array_interface__["data"][0]
+
+
+def sblock_read_write_regions(func: tvm.tirx.PrimFunc, block: object) -> tuple[list, list]:
+    """The buffer regions ``block`` of ``func`` reads and writes (opaque accesses as both).
+
+    ``get_sblock_read_write_region`` takes the function's parameters (0.26+)
+    or its buffers by data var (0.25).
+    """
+    from tvm.s_tir.analysis import get_sblock_read_write_region
+
+    if TYPES:
+        access = {p: p for p in func.params}
+    else:
+        access = {buffer.data: buffer for buffer in func.buffer_map.values()}
+    return get_sblock_read_write_region(block, access)

@@ -31,7 +31,8 @@ from rewrite_ext.testing import (
     random_inputs,
     run,
 )
-from rewrite_ext.compat import TensorType, ty
+from rewrite_ext.compat import TensorType, ret_ty, ty
+from _helpers import for_this_tvm
 
 X, Y = wildcard(), wildcard()
 ADD = is_op("relax.add")(X, Y)
@@ -234,7 +235,7 @@ def test_check_pass_reports_an_ill_formed_output():
     def break_it(mod):
         f = mod["main"]
         stray = relax.Var("stray", TensorType((4,), "float32"))  # free: defined nowhere
-        return tvm.IRModule({"main": relax.Function(f.params, relax.SeqExpr([], stray), f.ret_ty, True)})
+        return tvm.IRModule({"main": relax.Function(f.params, relax.SeqExpr([], stray), ret_ty(f), True)})
 
     with pytest.raises(RewriteCheckFailure, match="check_pass: output is well formed"):
         check_pass(break_it, tvm.IRModule({"main": func.with_attr("global_symbol", "main")}))
@@ -265,7 +266,7 @@ def test_every_python_block_of_the_testing_guide_runs(tmp_path):
     for index, block in enumerate(blocks):
         # A file of its own: TVMScript reads a decorated function's source back from it.
         path = tmp_path / f"testing_md_{index}.py"
-        path.write_text(block)
+        path.write_text(for_this_tvm(block))
         if "load_profile" in block:
             # The conftest.py for a reader's project: run apart, so this session's profile stays.
             done = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, check=False)

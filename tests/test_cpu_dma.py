@@ -11,7 +11,7 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 
 from rewrite_ext.hexagon.cpu_dma import DMA_COPY, DMA_WAIT, CPUDMA, DMAError, cpu_dma
-from rewrite_ext.compat import TY_ARGS, VOID_TY_ARGS, TensorType, TupleType
+from rewrite_ext.compat import TY_ARGS, VOID_TY_ARGS, TensorType, TupleType, imm
 
 SHAPE = (4, 8)
 
@@ -340,7 +340,7 @@ def _many_copies(count: int, queues: int) -> tvm.IRModule:
     with bb.function("main", [x], pure=False):
         out = bb.emit(relax.op.builtin.alloc_tensor(relax.ShapeExpr([count, 8]), "float32", 0))
         for i in range(count):
-            row = bb.emit(relax.op.memory.view(out, relax.ShapeExpr([8]), "float32", tvm.tirx.IntImm("int64", 32 * i)))
+            row = bb.emit(relax.op.memory.view(out, relax.ShapeExpr([8]), "float32", imm(32 * i)))
             bb.emit(relax.op.call_builtin_with_ctx(DMA_COPY, [x, row, i % queues, True], **{TY_ARGS: void}))
         for queue in range(queues):
             bb.emit(relax.op.call_builtin_with_ctx(DMA_WAIT, [queue, 0, True, x, out], **{TY_ARGS: void}))

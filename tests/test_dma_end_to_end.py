@@ -17,7 +17,7 @@ import rewrite_ext  # noqa: F401 - registers R.vm.copy_tensor
 from rewrite_ext.cli import load_module
 from rewrite_ext.hexagon import copy_to_dma, cpu_dma, overlap_report
 from rewrite_ext.ops import copy_tensor
-from rewrite_ext.compat import VOID_TY_ARGS, TensorType, dtype_name, ty
+from rewrite_ext.compat import VOID_TY_ARGS, TensorType, dtype_name, set_var_remap, ty
 
 
 # The thread's module, as the README's main job runs it.
@@ -198,7 +198,7 @@ class _StageCopies(PyExprMutator):
         storage = self.builder_.emit(relax.op.vm.alloc_storage(relax.ShapeExpr([nbytes]), 0, "uint8", "global"))
         staged = self.builder_.emit(relax.op.vm.alloc_tensor(storage, 0, var_type.shape, "float32"))
         self.builder_.emit(copy_tensor(var, staged))
-        self.set_var_remap(var, staged)
+        set_var_remap(self, var, staged)
 
     def visit_var_binding_(self, binding: relax.VarBinding) -> None:
         if self.pending_x is not None:

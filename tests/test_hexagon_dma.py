@@ -13,7 +13,7 @@ from rewrite_ext import RewriteError, rewrite_call
 from rewrite_ext.hexagon import CopyToDMA, copy_tensor_pattern, copy_to_dma
 from rewrite_ext.hexagon.dma import CHUNK_BYTES, MAX_DESCRIPTOR_BYTES
 from rewrite_ext.ops import copy_tensor
-from rewrite_ext.compat import VOID_TY_ARGS, TensorType, TupleType, ty
+from rewrite_ext.compat import VOID_TY_ARGS, TensorType, TupleType, imm_value, ret_ty, ty, var_name
 
 
 @I.ir_module
@@ -58,20 +58,20 @@ def test_seed_module_checked_binding_by_binding():
     assert wait.args[0].global_symbol == "vm.builtin.hexagon.dma_wait"
     copy_args, wait_args = list(copy.args[1].fields), list(wait.args[1].fields)
     assert copy_args[0].same_as(x) and copy_args[1].same_as(a)  # the var a, not a second alloc_tensor
-    assert [int(v) for v in copy_args[2:]] == [0, 1]
-    assert [int(v) for v in wait_args[:3]] == [0, 0, 1]
+    assert [imm_value(v) for v in copy_args[2:]] == [0, 1]
+    assert [imm_value(v) for v in wait_args[:3]] == [0, 0, 1]
     assert wait_args[3].same_as(x) and wait_args[4].same_as(a)
     for binding in (bindings[2], bindings[3]):
         assert isinstance(ty(binding.var), TupleType) and len(ty(binding.var).fields) == 0
     # nothing else moved: the allocation of b still comes after the first copy's wait
-    assert bindings[4].var.name == "b" and bindings[0].var.same_as(vtcm)
+    assert var_name(bindings[4].var) == "b" and bindings[0].var.same_as(vtcm)
 
 
 def test_queue_id_bypass_cache_and_legacy_wait_options():
     out = copy_to_dma(Seed, queue_id=3, bypass_cache=False, legacy_wait=True)["main"]
     copy, wait = out.body.blocks[0].bindings[2].value, out.body.blocks[0].bindings[3].value
-    assert [int(v) for v in list(copy.args[1].fields)[2:]] == [3, 0]
-    assert [int(v) for v in wait.args[1].fields] == [3, 0]
+    assert [imm_value(v) for v in list(copy.args[1].fields)[2:]] == [3, 0]
+    assert [imm_value(v) for v in wait.args[1].fields] == [3, 0]
 
 
 def test_output_survives_a_tvmscript_round_trip():
@@ -113,7 +113,7 @@ def test_copy_in_a_pure_function_is_reported_as_a_purity_error():
         bb.emit(copy_tensor(x, y))
         bb.emit_func_output(y)
     func = bb.get()["main"]
-    pure = relax.Function(func.params, func.body, func.ret_ty, is_pure=True, attrs=func.attrs)
+    pure = relax.Function(func.params, func.body, ret_ty(func), is_pure=True, attrs=func.attrs)
     with pytest.raises(RewriteError, match="pure=False"):
         rewrite_call(copy_tensor_pattern(), _emit_dma_like, pure)
 
@@ -206,14 +206,14 @@ def test_a_copy_larger_than_a_descriptor_becomes_chunks_on_one_queue_with_one_wa
     views = [args for name, args in calls if name == "view"]
     # flat uint8 views at byte offsets 0 and CHUNK_BYTES, each at most one descriptor
     sizes = [int(args[1].values[0]) for args in views]
-    offsets = [int(args[3]) for args in views]
+    offsets = [imm_value(args[3]) for args in views]
     assert sorted(sizes) == sorted([CHUNK_BYTES, big * 4 - CHUNK_BYTES] * 2)
     assert max(sizes) <= MAX_DESCRIPTOR_BYTES and CHUNK_BYTES % 64 == 0
     assert sorted(offsets) == [0, 0, CHUNK_BYTES, CHUNK_BYTES]
     copies = [args for name, args in calls if name == "dma_copy"]
-    assert all(int(args[2]) == 4 for args in copies)
+    assert all(imm_value(args[2]) == 4 for args in copies)
     (wait,) = [args for name, args in calls if name == "dma_wait"]
-    assert [int(v) for v in wait[:3]] == [4, 0, 1]
+    assert [imm_value(v) for v in wait[:3]] == [4, 0, 1]
     assert wait[3].same_as(out.params[0])  # the wait carries the whole src and dst
 
 
@@ -227,7 +227,7 @@ def test_a_copy_of_exactly_one_descriptor_is_not_split():
 def test_a_copy_of_zero_bytes_becomes_nothing():
     out = copy_to_dma(_copy_of(0))["main"]
     relax.analysis.well_formed(out)
-    assert [b.var.name for b in out.body.blocks[0].bindings] == ["gv"]  # the allocation only
+    assert [var_name(b.var) for b in out.body.blocks[0].bindings] == ["gv"]  # the allocation only
     assert "copy_tensor" not in out.script() and "hexagon" not in out.script()
 
 

@@ -14,7 +14,7 @@ from tvm.script import relax as R
 
 import rewrite_ext.ops as ops
 from rewrite_ext.ops import COPY_TENSOR_OP, copy_tensor
-from rewrite_ext.compat import ShapeType, TensorType, TupleType, ty
+from rewrite_ext.compat import INFER_TYPE_ATTR, ShapeType, TensorType, TupleType, ty, var_name
 
 VOID = TupleType([])
 
@@ -34,7 +34,7 @@ def test_op_is_registered_with_two_inputs_impure_and_lowerable():
     assert op.num_inputs == 2
     assert [arg.name for arg in op.arguments] == ["src", "dst"]
     assert op.get_attr("FPurity") is False
-    assert op.has_attr("FInferType") and op.has_attr("FLowerBuiltin")
+    assert op.has_attr(INFER_TYPE_ATTR) and op.has_attr("FLowerBuiltin")
     # No PyPI TVM has the op: this one is ours.
     assert op.get_attr(ops._OWNER_ATTR) is True
     assert R.vm.copy_tensor is ops.copy_tensor
@@ -127,7 +127,7 @@ def test_lowering_replaces_the_op_by_the_runtime_copy():
     copies = [c for c in calls if isinstance(c.op, relax.ExternFunc)]
     assert [c.op.global_symbol for c in copies] == ["runtime.TVMTensorCopyFromTo"] * 3
     assert not any(isinstance(c.op, Op) and c.op.name == COPY_TENSOR_OP for c in calls)
-    assert [[arg.name for arg in c.args] for c in copies] == [["x", "a"], ["a", "b"], ["b", "out"]]
+    assert [[var_name(arg) for arg in c.args] for c in copies] == [["x", "a"], ["a", "b"], ["b", "out"]]
 
 
 def _run(mod: tvm.IRModule, exec_mode: str, *inputs: np.ndarray):

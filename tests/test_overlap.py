@@ -30,7 +30,7 @@ from rewrite_ext.hexagon.overlap import (
 )
 from rewrite_ext.ops import copy_tensor
 from rewrite_ext.testing.strategies import lowered_copy_functions
-from rewrite_ext.compat import TY_ARGS, VOID_TY_ARGS, ObjectType, TensorType, TupleType, dtype_name, ty
+from rewrite_ext.compat import TY_ARGS, VOID_TY_ARGS, ObjectType, TensorType, TupleType, dtype_name, imm, imm_value, ty, var_name
 
 # ---------------------------------------------------------------------------------------------
 # Writing DMA builtins in TVMScript
@@ -39,8 +39,7 @@ from rewrite_ext.compat import TY_ARGS, VOID_TY_ARGS, ObjectType, TensorType, Tu
 _VOID = [TupleType([])]
 
 
-def _imm(value: int) -> tvm.ir.PrimExpr:
-    return tvm.tirx.IntImm("int64", value)
+_imm = imm
 
 
 def dma_copy(src: relax.Expr, dst: relax.Expr, queue: int = 0) -> relax.Call:
@@ -57,7 +56,7 @@ def legacy_wait(queue: int = 0) -> relax.Call:
 
 def _alloc(storage: relax.Expr, offset: int | tvm.ir.PrimExpr, n: int = 16) -> relax.Call:
     """``R.vm.alloc_tensor(storage, offset, R.shape([n]), "float32")``: ``4 * n`` bytes."""
-    return relax.op.vm.alloc_tensor(storage, offset, relax.ShapeExpr([n]), "float32")
+    return relax.op.vm.alloc_tensor(storage, imm(offset), relax.ShapeExpr([n]), "float32")
 
 
 def _storage(nbytes: int = 1024) -> relax.Call:
@@ -371,13 +370,13 @@ def _bindings_in_order(func: relax.Function) -> list[str]:
     for binding in func.body.blocks[0].bindings:
         builtin = _builtin(binding)
         if builtin is None:
-            names.append(binding.var.name)
+            names.append(var_name(binding.var))
             continue
         fields = list(binding.value.args[1].fields)
         if builtin == DMA_COPY:
-            names.append(f"copy({fields[0].name}->{fields[1].name})")
+            names.append(f"copy({var_name(fields[0])}->{var_name(fields[1])})")
         else:
-            names.append(f"wait({fields[3].name}->{fields[4].name}, {int(fields[1])})")
+            names.append(f"wait({var_name(fields[3])}->{var_name(fields[4])}, {imm_value(fields[1])})")
     return names
 
 
@@ -1315,7 +1314,7 @@ def test_a_copy_into_a_constant_is_waited_for_before_the_constant_is_read():
     np.testing.assert_array_equal(expected[0], x + 1)
     np.testing.assert_array_equal(plain[0], x + 1)
     np.testing.assert_array_equal(overlapped[0], x + 1)  # was NaN: k read before it landed
-    names = [b.var.name if _builtin(b) is None else _builtin(b).rsplit(".", 1)[1] for b in got["main"].body.blocks[0].bindings]
+    names = [var_name(b.var) if _builtin(b) is None else _builtin(b).rsplit(".", 1)[1] for b in got["main"].body.blocks[0].bindings]
     assert names == ["k", "dma_copy", "z", "dma_wait", "d"]
 
 
@@ -1437,9 +1436,9 @@ def _assert_waits_exact(func: relax.Function) -> None:
             fields = list(binding.value.args[1].fields)
             if name == DMA_COPY:
                 src, dst = (views.get(f, f) for f in fields[:2])
-                fifo.setdefault(int(fields[2]), []).append((src, dst))
+                fifo.setdefault(imm_value(fields[2]), []).append((src, dst))
             elif len(fields) == 5:
-                queue, inflight = int(fields[0]), int(fields[1])
+                queue, inflight = imm_value(fields[0]), imm_value(fields[1])
                 pending = fifo.get(queue, [])
                 assert len(pending) > inflight, "a wait that completes nothing"
                 last = pending[len(pending) - inflight - 1]

@@ -42,6 +42,7 @@ from _helpers import (
     assert_same_results,
     binding_kinds,
     dtype_of,
+    for_this_tvm,
     equal,
     is_float,
     op_name,
@@ -54,6 +55,7 @@ from rewrite_ext import RewriteError, rewrite_call
 from rewrite_ext.hexagon import DMA_COPY, DMA_WAIT, copy_to_dma
 from rewrite_ext.testing import check_rewrite
 from rewrite_ext.testing.strategies import lowered_copy_functions, relax_functions
+from rewrite_ext.compat import imm_value, ret_ty
 
 # ---------------------------------------------------------------------------------------------
 # Generated rewriters
@@ -243,7 +245,7 @@ def test_generated_rewriters_rewrite_exactly_their_matches(func, data):
     if accepted == 0:
         assert out.same_as(func)
     assert out.is_pure == func.is_pure and len(out.params) == len(func.params)
-    assert equal(out.ret_ty, func.ret_ty)
+    assert equal(ret_ty(out), ret_ty(func))
 
     report = check_rewrite(pattern, recipe.rewriter(wildcards), target, run=False)  # ops are swapped on purpose
     assert report.rewrites == accepted
@@ -393,8 +395,8 @@ def dma_schedule_violations(func: relax.Function) -> list[str]:
                 j
                 for j in range(i + 1, len(bindings))
                 if op_name(bindings[j].value) == DMA_WAIT
-                and int(builtin_args(bindings[j])[0]) == int(queue)
-                and int(builtin_args(bindings[j])[1]) == 0
+                and imm_value(builtin_args(bindings[j])[0]) == imm_value(queue)
+                and imm_value(builtin_args(bindings[j])[1]) == 0
             ),
             None,
         )
@@ -453,7 +455,7 @@ def test_the_schedule_check_sees_a_read_of_dst_before_the_wait():
     waits = [b for b in block.bindings if op_name(b.value) == DMA_WAIT]
     others = [b for b in block.bindings if op_name(b.value) != DMA_WAIT]
     late = relax.Function(
-        func.params, relax.SeqExpr([relax.BindingBlock(others + waits)], func.body.body), func.ret_ty, False
+        func.params, relax.SeqExpr([relax.BindingBlock(others + waits)], func.body.body), ret_ty(func), False
     )
     problems = dma_schedule_violations(late)
     assert any("touches x or a" in p for p in problems), problems
@@ -481,7 +483,7 @@ def test_the_testing_guide_example_module_passes(tmp_path):
     doc = (Path(__file__).resolve().parent.parent / "docs" / "testing.md").read_text()
     example = next(b for b in re.findall(r"```python\n(.*?)```", doc, flags=re.S) if "def test_" in b)
     path = tmp_path / "test_my_rewrite.py"
-    path.write_text(example)
+    path.write_text(for_this_tvm(example))
     namespace = runpy.run_path(str(path))
     tests = {name: value for name, value in namespace.items() if name.startswith("test_")}
     assert sorted(tests) == ["test_copy_to_dma_runs_like_the_copies", "test_subtract_to_add"]

@@ -29,7 +29,8 @@ from rewrite_ext import (
 from rewrite_ext.hexagon import copy_to_dma
 from rewrite_ext.testing import assert_same_results
 from rewrite_ext.testing.strategies import lowered_copy_functions
-from rewrite_ext.compat import TY_ARGS, VOID_TY_ARGS, TupleType, ty
+from rewrite_ext.compat import TY_ARGS, VOID_TY_ARGS, TupleType, imm, ty, var_name
+from _helpers import for_this_tvm, spelled_as_026
 
 X, Y = wildcard(), wildcard()
 ADD = is_op("relax.add")(X, Y)
@@ -62,10 +63,6 @@ def chain(x: R.Tensor((4,), "float32"), y: R.Tensor((4,), "float32")):
         d = R.add(c, a)
         R.output(d)
     return d
-
-
-def imm(value: int) -> tvm.ir.PrimExpr:
-    return tvm.tirx.IntImm("int64", value)
 
 
 def values(func: relax.Function) -> list[str]:
@@ -393,7 +390,7 @@ def test_cleanup_keeps_void_and_impure_bindings_of_a_lowered_function():
     assert len(bindings(plain["main"])) == 7
     # all four DMA calls stay, void and impure; the unused allocation goes, as with TVM:
     # TVM declares R.vm.alloc_tensor pure
-    assert [b.var.name for b in bindings(cleaned["main"])] == [b.var.name for b in bindings(plain["main"])][:-1]
+    assert [var_name(b.var) for b in bindings(cleaned["main"])] == [var_name(b.var) for b in bindings(plain["main"])][:-1]
     tvm.ir.assert_structural_equal(cleaned["main"].body.blocks[0].bindings, plain["main"].body.blocks[0].bindings[:-1])
     relax.analysis.well_formed(cleaned)
 
@@ -547,10 +544,10 @@ def test_docs_examples_run_and_print_what_the_docs_show(tmp_path, capsys, caplog
 
     text = (Path(__file__).resolve().parent.parent / "docs" / "rules.md").read_text()
     script = tmp_path / "rules_md.py"  # TVMScript reads the decorated source back from its file
-    script.write_text("\n".join(re.findall(r"```python\n(.*?)```", text, flags=re.S)))
+    script.write_text(for_this_tvm("\n".join(re.findall(r"```python\n(.*?)```", text, flags=re.S))))
     with caplog.at_level(logging.DEBUG, logger="rewrite_ext"):
         runpy.run_path(str(script))
-    printed = capsys.readouterr().out
+    printed = spelled_as_026(capsys.readouterr().out)
     shown = re.findall(r"```text\n(.*?)```", text, flags=re.S)
     report_table = next(block for block in shown if block.startswith("rule "))
     assert report_table.strip() in printed

@@ -24,7 +24,7 @@ from tvm.script import relax as R
 from tvm.script import tirx as T
 
 from rewrite_ext import rewrite_call
-from rewrite_ext.compat import has_ty, ty
+from rewrite_ext.compat import has_ty, imm_value, ty
 
 
 def _const_data(const):
@@ -294,15 +294,13 @@ def test_iterative_rewrite_without_trivial_binding():
         stride = matches[pattern_strides][0]
         if ty(arg).shape is None or len(axes) != 1:
             return expr
-        axis = axes[0]
-        if not isinstance(axis, tirx.IntImm) or axis.value != 0:
+        # immediates: IntImm in TVM 0.26+, R.prim_value in 0.25
+        axis, stride = imm_value(axes[0]), imm_value(stride)
+        if axis != 0 or stride != 1:
             return expr
-        if not isinstance(stride, tirx.IntImm) or stride.value != 1:
+        size, begin, end = (imm_value(v) for v in (ty(arg).shape[0], begin, end))
+        if None in (size, begin, end):
             return expr
-        size = ty(arg).shape[0]
-        if not all(isinstance(v, tirx.IntImm) for v in (size, begin, end)):
-            return expr
-        size, begin, end = size.value, begin.value, end.value
         gcd = functools.reduce(math.gcd, [begin, end, size])
         if (end - begin) // gcd == 1:
             return rx.op.split(arg, size // gcd)[begin // gcd]

@@ -31,7 +31,7 @@ from _helpers import Snapshot, all_bindings, equal, op_name
 from rewrite_ext import RewriteError, rewrite_call
 from rewrite_ext.testing.strategies import relax_functions
 from test_properties import BINARY, MORE_EXAMPLES, UNARY, elementwise_ops
-from rewrite_ext.compat import TY_ARGS, TensorType, TupleType, ty, ty_args
+from rewrite_ext.compat import TY_ARGS, TensorType, TupleType, ret_ty, set_var_remap, ty, ty_args, var_name
 
 X, Y = wildcard(), wildcard()
 ADD = is_op("relax.add")(X, Y)
@@ -77,7 +77,7 @@ def test_the_result_keeps_the_functions_attributes_and_its_return_type_as_tvm_de
     assert int(out.attrs["custom"]) == 7 and str(out.attrs["global_symbol"]) == "f"
     # TVM's rewrite_call runs TVM's mutator over the function: the return type is its own.
     theirs = tvm.relax.dpl.rewrite_call(ADD, to_multiply, f)
-    assert equal(out.ret_ty, theirs.ret_ty), (out.ret_ty, theirs.ret_ty)
+    assert equal(ret_ty(out), ret_ty(theirs)), (ret_ty(out), ret_ty(theirs))
     assert values(out) == ["R.multiply(x, x)"]
 
 
@@ -619,16 +619,16 @@ def with_impure_and_casts(draw, func: relax.Function) -> relax.Function:
                     if isinstance(first, relax.Var) and isinstance(ty(first), TensorType):
                         cast = bb.match_cast(first, ty(first), "cast")
                         value = relax.Call(value.op, [cast, *value.args[1:]], value.attrs, ty_args(value))
-                name = binding.var.name
+                name = var_name(binding.var)
                 if isinstance(binding, relax.MatchCast):
                     new_var = bb.match_cast(value, ty(binding), name)
                 else:
                     new_var = bb.emit(value, name)
-                self.set_var_remap(binding.var, new_var)
+                set_var_remap(self, binding.var, new_var)
             return bb._end_block()
 
     body = Insert().visit_expr(func.body)
-    out = relax.Function(func.params, body, func.ret_ty, is_pure=False, attrs=func.attrs)
+    out = relax.Function(func.params, body, ret_ty(func), is_pure=False, attrs=func.attrs)
     out = relax.BlockBuilder().normalize(out)
     relax.analysis.well_formed(out)
     return out
@@ -757,4 +757,4 @@ def test_a_return_type_change_of_a_function_other_functions_call_is_an_error_nam
     assert "'main'" in str(info.value) and "caller" in str(info.value)
     # a lone function may change its own return type: nothing else sees it
     out = rewrite_call(ADD, broadcast, Mod["main"])
-    assert [int(d) for d in out.ret_ty.shape.values] == [3, 4]
+    assert [int(d) for d in ret_ty(out).shape.values] == [3, 4]

@@ -54,6 +54,7 @@ import numpy as np
 import tvm
 import tvm_ffi
 
+from ..compat import data_ptr
 from .dma import DMA_COPY, DMA_WAIT
 
 __all__ = [
@@ -319,7 +320,7 @@ class CPUDMA:
                 f"dma_copy: {src_bytes} bytes exceed a descriptor's {MAX_DMA_LENGTH} (2**24 - 1); "
                 "split the copy (copy_to_dma does)"
             )
-        if src.device == dst.device and abs(src.data_ptr() - dst.data_ptr()) < src_bytes:
+        if src.device == dst.device and abs(data_ptr(src) - data_ptr(dst)) < src_bytes:
             # Poisoning dst would destroy src; on the engine the result is undefined.
             raise DMAError(f"dma_copy: src {_describe(src)} and dst {_describe(dst)} overlap")
         if self._in_flight_total == MAX_DMA_DESCRIPTORS:

@@ -26,7 +26,7 @@ from .. import _ir, ops
 from ..report import RewriteReport
 from ..rewrite import rewrite_call
 from ..rule import Decline
-from ..compat import TY_ARGS, TupleType, ty
+from ..compat import TY_ARGS, TupleType, imm, ty
 
 __all__ = [
     "CHUNK_BYTES",
@@ -64,7 +64,7 @@ def _imm(value: int | bool) -> tvm.ir.PrimExpr:
     # TVMScript parses `0` and `True` in builtin args as int64 immediates; emitting the
     # same keeps the printed IR parseable back to an equal module.  IR nodes are immutable,
     # so one object per value serves every call.
-    return tvm.tirx.IntImm("int64", int(value))
+    return imm(int(value))
 
 
 @functools.lru_cache(maxsize=None)

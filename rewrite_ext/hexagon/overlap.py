@@ -69,7 +69,7 @@ from tvm import relax
 
 from .. import _ir
 from .dma import _DMA, DMA_COPY, DMA_WAIT, _extern, _imm
-from ..compat import PrimType, ShapeType, TensorType, TupleType, set_type, ty, ty_args
+from ..compat import PrimType, ShapeType, TensorType, TupleType, imm, imm_value, ret_ty, set_type, ty, ty_args
 
 __all__ = ["TransferOverlap", "format_overlap_report", "overlap_report", "sink_dma_waits"]
 
@@ -133,8 +133,7 @@ def _kind(op: object) -> str:
     return kind
 
 
-def _int(expr: object) -> int | None:
-    return int(expr.value) if type(expr) is tvm.tirx.IntImm or isinstance(expr, tvm.tirx.IntImm) else None
+_int = imm_value
 
 
 _VARS = frozenset({relax.Var, relax.DataflowVar})
@@ -280,7 +279,7 @@ class _Reader:
         body, _, _ = self.seq(old, outside)
         if body is old:
             return func
-        return relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs, func.span)
+        return relax.Function(func.params, body, ret_ty(func), func.is_pure, func.attrs, func.span)
 
     def seq(self, seq: relax.Expr, outside: tuple) -> tuple[relax.Expr, tuple, tuple]:
         """``seq`` rescheduled, its result's fact, and all it may touch."""
@@ -728,7 +727,7 @@ def _with_inflight(wait: _Rec, inflight: int) -> relax.VarBinding:
             set_type(call, _VOID)
     else:
         fields = list(dma.fields)
-        fields[1] = tvm.tirx.IntImm(str(ty(fields[1]).dtype), inflight)
+        fields[1] = imm(inflight, str(ty(fields[1]).dtype))
         call = relax.Call(old.op, [old.args[0], relax.Tuple(fields)], old.attrs, ty_args(old), old.span)
         set_type(call, ty(old) if ty(old) is not None else _VOID)
     return relax.VarBinding(wait.binding.var, call)

@@ -45,7 +45,7 @@ from tvm.relax.dpl import ExternFuncPattern, is_gv
 from .. import ops
 from .._ir import StringImm, all_bindings, function_name, static_nbytes, var_name
 from ..rewrite import rewrite_call
-from ..compat import ty, ty_args
+from ..compat import sblock_read_write_regions, ty, ty_args
 
 __all__ = [
     "VTCM_SCOPE",
@@ -186,8 +186,6 @@ class VTCMPlan:
 
 def _written_params(func: tvm.tirx.PrimFunc) -> set[int]:
     """The indices of the PrimFunc parameters it may write."""
-    from tvm.s_tir.analysis import get_sblock_read_write_region
-
     import tvm.s_tir
 
     # tvm.s_tir in TVM 0.27, tvm.tirx in 0.26
@@ -197,7 +195,7 @@ def _written_params(func: tvm.tirx.PrimFunc) -> set[int]:
     if not isinstance(func.body, SBlockRealize):  # a scheduled or hand-written kernel: assume all
         return set(range(len(params)))
     # Opaque accesses count as writes too.
-    _, writes = get_sblock_read_write_region(func.body.block, {p: p for p in params})
+    _, writes = sblock_read_write_regions(func, func.body.block)
     # A region names its buffer as .source (TVM 0.27: the parameter) or .buffer (0.26: the Buffer).
     written = [region.source if hasattr(region, "source") else region.buffer for region in writes]
     buffer_map = func.buffer_map if hasattr(func, "buffer_map") else {}  # 0.26 has it, 0.27 not

@@ -21,7 +21,7 @@ import tvm
 from tvm import relax
 
 from .. import _ir
-from ..compat import PrimType, ShapeType, TensorType, TupleType, dtype_name, ty
+from ..compat import PrimType, ShapeType, TensorType, TupleType, dtype_name, ty, var_name
 
 __all__ = ["Comparison", "ResultMismatch", "assert_same_results", "random_inputs", "run"]
 
@@ -422,7 +422,7 @@ def assert_same_results(
                 break
     if problem is not None:
         params = _main(_as_module(before)).params
-        shown = "\n".join(f"  {p.name}: {_describe(value)}" for p, value in zip(params, inputs))
+        shown = "\n".join(f"  {var_name(p)}: {_describe(value)}" for p, value in zip(params, inputs))
         origin = "given" if given else f"random_inputs, seed {seed}"
         sizes_seen = _sizes_of(params, inputs)
         if sizes_seen:

@@ -47,7 +47,7 @@ from tvm.relax.op import memory as _memory
 from tvm.relax.op import vm as _vm
 
 from .opspecs import DEFAULT_OPS, OpSpec, dims, resolve_ops, same_dim
-from ..compat import ObjectType, PrimType, ShapeType, TensorType, TupleType, dtype_name, ty, ty_args, var_name
+from ..compat import ObjectType, PrimType, ShapeType, TensorType, TupleType, dtype_name, ret_ty, ty, ty_args, var_name
 
 __all__ = ["lowered_copy_functions", "lowered_functions", "relax_functions", "relax_modules"]
 
@@ -1019,7 +1019,7 @@ def _staged(func: relax.Function, scratch: relax.BlockBuilder, primfuncs: set) -
             bind("_", _copy_tensor()(staged, out))
         blocks.append(relax.BindingBlock(bindings))
     body = scratch.normalize(relax.SeqExpr(blocks, func.body.body))
-    return relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs)
+    return relax.Function(func.params, body, ret_ty(func), func.is_pure, func.attrs)
 
 
 def _with_copies(mod: tvm.IRModule) -> tvm.IRModule:
