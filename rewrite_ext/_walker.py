@@ -489,16 +489,12 @@ class FunctionPass(PyExprMutator):
         def is_known(var: relax.Var) -> bool:
             nonlocal read_by_orig
             key = hash(var)
-            if key in fresh or key in params:
+            if key in fresh or key in params or key in lookup or key in block.new_vars or block.defined_before(var):
                 return True
+            # a var of an enclosing scope: known if the matched value reads it too
             if read_by_orig is None:
                 read_by_orig = {hash(v) for v in _wellformed.reads(value, None) if v is not None}
-            return (
-                key in read_by_orig
-                or key in lookup
-                or key in block.new_vars
-                or bool(block.defined_before(var))
-            )
+            return key in read_by_orig
 
         where = (self._scope_name(), binding, rule.description)
         for extra in emitted:
