@@ -25,6 +25,7 @@ from rewrite_ext.hexagon import CopyToDMA
 from rewrite_ext.testing import (
     ResultMismatch,
     RewriteCheckFailure,
+    RunError,
     assert_same_results,
     check_pass,
     check_rewrite,
@@ -141,6 +142,48 @@ def test_outputs_are_compared_nan_aware_and_through_nested_tuples():
         assert_same_results(tuple_out, wrong, inputs=inputs)
     assert "output 1 differs at index (0, 0): before -2.0, after -3.0" in str(info.value)
     assert "inputs (given):" in str(info.value)
+
+
+@R.function(pure=False)
+def reads_at_an_offset(x: R.Tensor((4,), "float32"), y: R.Tensor((4,), "float32")):
+    storage = R.vm.alloc_storage(R.shape([64]), 0, "uint8")
+    a = R.vm.alloc_tensor(storage, 0, R.shape([4]), "float32")
+    R.vm.copy_tensor(x, a)
+    b = R.vm.alloc_tensor(storage, 32, R.shape([4]), "float32")
+    R.vm.copy_tensor(y, b)
+    c = R.add(a, b)  # the add kernel reads b at byte offset 32
+    return c
+
+
+def test_a_program_that_does_not_run_is_a_run_error_that_says_why():
+    inputs = [np.ones(4, "float32"), np.ones(4, "float32")]
+    with pytest.raises(RunError, match="running main on the VM failed") as info:
+        run(reads_at_an_offset, inputs)
+    assert "R.memory.ensure_zero_offset" in str(info.value)
+    assert info.value.__cause__ is not None  # TVM's own error
+    with pytest.raises(RunError, match=r"the first program \(before\) does not run"):
+        assert_same_results(reads_at_an_offset, reads_at_an_offset, inputs=inputs)
+
+
+def test_a_rewrite_that_breaks_running_is_a_failed_check_not_a_crash():
+    @R.function(pure=False)
+    def zero_offset(x: R.Tensor((4,), "float32"), y: R.Tensor((4,), "float32")):
+        storage = R.vm.alloc_storage(R.shape([64]), 0, "uint8")
+        a = R.vm.alloc_tensor(storage, 0, R.shape([4]), "float32")
+        R.vm.copy_tensor(x, a)
+        b = R.vm.alloc_tensor(storage, 32, R.shape([4]), "float32")
+        R.vm.copy_tensor(y, b)
+        b0 = R.memory.ensure_zero_offset(b)
+        c = R.add(a, b0)
+        return c
+
+    # A "simplification" that drops ensure_zero_offset: well formed, but no longer runs.
+    def drop_it(orig, m):
+        return m[X]
+
+    pattern = is_op("relax.memory.ensure_zero_offset")(X)
+    with pytest.raises(RewriteCheckFailure, match=r"the second program \(after\) does not run, the first does"):
+        check_rewrite(pattern, drop_it, zero_offset, run=True)
 
 
 def test_tolerances_are_the_callers_to_set():

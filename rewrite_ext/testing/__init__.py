@@ -13,7 +13,7 @@ does not.
 from __future__ import annotations
 
 from .checks import CheckReport, PassReport, RewriteCheckFailure, check_pass, check_rewrite
-from .running import Comparison, ResultMismatch, assert_same_results, random_inputs, run
+from .running import Comparison, ResultMismatch, RunError, assert_same_results, random_inputs, run
 
 __all__ = [
     "CheckReport",
@@ -21,6 +21,7 @@ __all__ = [
     "PassReport",
     "ResultMismatch",
     "RewriteCheckFailure",
+    "RunError",
     "assert_same_results",
     "check_pass",
     "check_rewrite",

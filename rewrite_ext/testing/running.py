@@ -23,11 +23,36 @@ from tvm import relax
 from .. import _ir
 from ..compat import PrimType, ShapeType, TensorType, TupleType, dtype_name, ty, var_name
 
-__all__ = ["Comparison", "ResultMismatch", "assert_same_results", "random_inputs", "run"]
+__all__ = ["Comparison", "ResultMismatch", "RunError", "assert_same_results", "random_inputs", "run"]
 
 
 class ResultMismatch(AssertionError):
     """Two programs computed different results; the message shows where and on what input."""
+
+
+class RunError(RuntimeError):
+    """A program could not be built or run on the VM; the message says which step and why.
+
+    TVM's own error is its ``__cause__``.  A ``DMAError`` of the CPU stand-in is
+    not wrapped: it is raised as it is.
+    """
+
+
+# What a TVM error means when it names a known pitfall (docs/hexagon-dma.md).
+_HINTS = {
+    "byte_offset": (
+        "CPU kernels reject a tensor at a non-zero byte offset (such as R.vm.alloc_tensor(storage, 512, ...)): "
+        "read it through R.memory.ensure_zero_offset first (docs/hexagon-dma.md, 'Tensors at a non-zero offset')"
+    ),
+}
+
+
+def _run_error(step: str, exc: Exception) -> RunError:
+    message = f"run: {step} failed: {type(exc).__name__}: {exc}"
+    hints = [hint for key, hint in _HINTS.items() if key in str(exc)]
+    error = RunError("\n".join([message, *hints]))
+    error.__cause__ = exc
+    return error
 
 
 @dataclass(frozen=True)
@@ -288,22 +313,37 @@ def run(
         The outputs, flattened: numpy arrays for tensors, a tuple of ints for a
         shape, Python scalars for ``R.Prim``; a tuple result gives one entry per
         field, nested tuples unrolled in order.
+
+    Raises
+    ------
+    RunError
+        Building or running failed; TVM's error is the cause, and the message
+        names the step and, for a known pitfall (a tensor at a non-zero byte
+        offset), what to do.  A ``DMAError`` of the stand-in is raised as is.
     """
     mod = _as_module(program)
     if inputs is None:
         inputs = random_inputs(mod, seed, sizes=sizes)
-    executable = _build(mod)
-    from ..hexagon.cpu_dma import calls_dma, cpu_dma
+    from ..hexagon.cpu_dma import DMAError, calls_dma, cpu_dma
 
+    try:
+        executable = _build(mod)
+    except Exception as exc:  # noqa: BLE001 - TVM raises its own error types
+        raise _run_error("relax.build(target='llvm')", exc) from exc
     if dma is None:
         dma = calls_dma(mod)
     context: contextlib.AbstractContextManager = contextlib.nullcontext()
     if dma:
         context = cpu_dma()
     with context:
-        # Made inside cpu_dma(): the VM binds the builtins when it is constructed.
-        vm = relax.VirtualMachine(executable, tvm.cpu())
-        return _flatten(vm["main"](*[_vm_arg(x) for x in inputs]))
+        try:
+            # Made inside cpu_dma(): the VM binds the builtins when it is constructed.
+            vm = relax.VirtualMachine(executable, tvm.cpu())
+            return _flatten(vm["main"](*[_vm_arg(x) for x in inputs]))
+        except DMAError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise _run_error("running main on the VM", exc) from exc
 
 
 # ---------------------------------------------------------------------------
@@ -403,23 +443,36 @@ def assert_same_results(
     ------
     ResultMismatch
         An ``AssertionError`` naming the first output that differs, where
-        and by how much, and showing the inputs.
+        and by how much, and showing the inputs; also when ``after`` fails
+        to build or run (``cpu_dma()`` included) where ``before`` runs.
+    RunError
+        ``before`` itself fails to build or run.
     """
     given = inputs is not None
     if inputs is None:
         inputs = random_inputs(before, seed, sizes=sizes)
     inputs = list(inputs)
-    got_before = run(before, inputs)
-    got_after = run(after, inputs)
+    from ..hexagon.cpu_dma import DMAError
+
+    try:
+        got_before = run(before, inputs)
+    except (RunError, DMAError) as exc:
+        raise RunError(f"assert_same_results: the first program (before) does not run: {exc}") from exc
     problem = None
-    if len(got_before) != len(got_after):
-        problem = f"before has {len(got_before)} output(s), after {len(got_after)}"
+    try:
+        got_after = run(after, inputs)
+    except (RunError, DMAError) as exc:
+        # the first one ran: whatever broke the second broke the program
+        problem = f"the second program (after) does not run, the first does: {exc}"
     else:
-        for index, (b, a) in enumerate(zip(got_before, got_after)):
-            difference = _first_difference(b, a, rtol, atol)
-            if difference is not None:
-                problem = f"output {index} differs {difference}"
-                break
+        if len(got_before) != len(got_after):
+            problem = f"before has {len(got_before)} output(s), after {len(got_after)}"
+        else:
+            for index, (b, a) in enumerate(zip(got_before, got_after)):
+                difference = _first_difference(b, a, rtol, atol)
+                if difference is not None:
+                    problem = f"output {index} differs {difference}"
+                    break
     if problem is not None:
         params = _main(_as_module(before)).params
         shown = "\n".join(f"  {var_name(p)}: {_describe(value)}" for p, value in zip(params, inputs))
