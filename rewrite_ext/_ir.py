@@ -9,7 +9,7 @@ import tvm_ffi
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, PyExprVisitor, mutator, visitor
 from .compat import TensorType, TupleType, dtype_name, ty_args
-from .compat import set_type, var_name  # noqa: F401 (re-exported: used as _ir.set_type, _ir.var_name)
+from .compat import Constant, StringImm, set_type, var_name  # noqa: F401 (re-exported: _ir.StringImm, _ir.set_type, _ir.var_name)
 
 
 def is_void(ty: object) -> bool:
@@ -156,11 +156,8 @@ def is_impure(value: relax.Expr) -> bool:
     return bool(_CONTAINS_IMPURE(value))
 
 
-StringImm = getattr(tvm.ir, "StringImm", None) or relax.StringImm
-"""A string literal in Relax: ``tvm.ir.StringImm`` in TVM 0.27, ``relax.StringImm`` in 0.26."""
 
-# relax.Constant in TVM 0.26; 0.27 moved constants to tvm.ir (GenericConst and friends).
-_LEAVES = (relax.Var, getattr(relax, "Constant", None) or tvm.ir.expr.Constant)
+_LEAVES = (relax.Var, Constant)
 
 
 def checks_purity(func: relax.Function) -> bool:

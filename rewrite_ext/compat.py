@@ -56,7 +56,10 @@ __all__ = [
     "imm",
     "imm_value",
     "data_ptr",
-    "sblock_read_write_regions",
+    "sblock_written_params",
+    "Constant",
+    "StringImm",
+    "LITERALS",
     "void",
 ]
 
@@ -198,16 +201,50 @@ def data_ptr(tensor: tvm.runtime.Tensor) -> int:
     return np.from_dlpack(tensor).__array_interface__["data"][0]
 
 
-def sblock_read_write_regions(func: tvm.tirx.PrimFunc, block: object) -> tuple[list, list]:
-    """The buffer regions ``block`` of ``func`` reads and writes (opaque accesses as both).
+def sblock_written_params(func: tvm.tirx.PrimFunc) -> set[int] | None:
+    """The indices of ``func``'s parameters its root block may write.
 
-    ``get_sblock_read_write_region`` takes the function's parameters (0.26+)
-    or its buffers by data var (0.25).
+    Opaque accesses count as writes.  None when ``func``'s body is not one
+    ``SBlockRealize`` (a scheduled or hand-written kernel): it may write any.
+    ``SBlockRealize`` is in ``tvm.s_tir`` in 0.27, ``tvm.tirx`` before;
+    ``get_sblock_read_write_region`` takes the parameters (0.26+) or the buffers
+    by data var (0.25); a region names the parameter (0.27) or the buffer.
     """
+    import tvm.s_tir
     from tvm.s_tir.analysis import get_sblock_read_write_region
 
+    realize = getattr(tvm.s_tir, "SBlockRealize", None) or tvm.tirx.SBlockRealize
+    if not isinstance(func.body, realize):
+        return None
+    params = list(func.params)
+    buffer_map = func.buffer_map if hasattr(func, "buffer_map") else {}  # 0.27 has none
     if TYPES:
-        access = {p: p for p in func.params}
+        access = {p: p for p in params}
     else:
-        access = {buffer.data: buffer for buffer in func.buffer_map.values()}
-    return get_sblock_read_write_region(block, access)
+        access = {buffer.data: buffer for buffer in buffer_map.values()}
+    _, writes = get_sblock_read_write_region(func.body.block, access)
+    written = [region.source if hasattr(region, "source") else region.buffer for region in writes]
+
+    def is_written(param: tvm.tirx.Var) -> bool:
+        buffer = buffer_map.get(param)
+        return any(param.same_as(w) or (buffer is not None and buffer.same_as(w)) for w in written)
+
+    return {i for i, p in enumerate(params) if is_written(p)}
+
+
+#: A tensor constant's class: ``relax.Constant`` to 0.26, ``tvm.ir.expr.Constant`` in 0.27.
+Constant = getattr(relax, "Constant", None) or tvm.ir.expr.Constant
+#: A string literal (``R.str``): ``relax.StringImm`` to 0.26, ``tvm.ir.StringImm`` in 0.27.
+StringImm = getattr(tvm.ir, "StringImm", None) or relax.StringImm
+#: Every literal class (constants, ``R.prim_value``, ``R.str``, ``R.dtype``, shapes): 0.27
+#: made them ``tvm.ir`` constants, before each had a relax class of its own.
+LITERALS: tuple = tuple(
+    t
+    for t in (
+        getattr(tvm.ir.expr, "Constant", None),
+        getattr(tvm.ir.expr, "GenericConst", None),
+        *(getattr(relax, n, None) for n in ("Constant", "PrimValue", "StringImm", "DataTypeImm")),
+        relax.ShapeExpr,
+    )
+    if isinstance(t, type)
+)

@@ -38,23 +38,12 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from . import _ir
 from .rule import Decline, Rule
-from .compat import has_ty, ty, ty_args
+from .compat import LITERALS, has_ty, ty, ty_args
 
 __all__ = ["rule_from_module"]
 
 # Leaves a pattern matches by structural equality: the value written is the value matched.
-# TVM 0.27 made constants, R.prim_value, R.str and R.dtype tvm.ir constants; before, each
-# had a relax class of its own.
-_LITERALS = tuple(
-    t
-    for t in (
-        getattr(tvm.ir.expr, "Constant", None),
-        getattr(tvm.ir.expr, "GenericConst", None),
-        *(getattr(relax, n, None) for n in ("Constant", "PrimValue", "StringImm", "DataTypeImm")),
-        relax.ShapeExpr,
-    )
-    if isinstance(t, type)
-)
+_LITERALS = LITERALS
 
 
 @overload

@@ -69,7 +69,7 @@ from tvm import relax
 
 from .. import _ir
 from .dma import _DMA, DMA_COPY, DMA_WAIT, _extern, _imm
-from ..compat import PrimType, ShapeType, TensorType, TupleType, imm, imm_value, ret_ty, set_type, ty, ty_args
+from ..compat import Constant, PrimType, ShapeType, TensorType, TupleType, imm, imm_value, ret_ty, set_type, ty, ty_args
 
 __all__ = ["TransferOverlap", "format_overlap_report", "overlap_report", "sink_dma_waits"]
 
@@ -80,7 +80,7 @@ _MAKE_CALL = tvm_ffi.get_global_func("ir.Call", allow_missing=True)
 _MAKE_TUPLE = tvm_ffi.get_global_func("ir.Tuple", allow_missing=True)
 if "ret_ty" not in inspect.signature(relax.Call.__init__).parameters:
     _MAKE_CALL = None
-_CONSTANT = getattr(relax, "Constant", None) or tvm.ir.expr.Constant  # moved to tvm.ir in 0.27
+_CONSTANT = Constant
 _EXTERNAL, _ANYTHING = 0, -1  # roots; allocations get 1, 2, ...
 _NOTHING: tuple = ()
 _OUT = (_EXTERNAL, None, None)

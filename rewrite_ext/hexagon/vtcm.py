@@ -45,7 +45,7 @@ from tvm.relax.dpl import ExternFuncPattern, is_gv
 from .. import ops
 from .._ir import StringImm, all_bindings, function_name, static_nbytes, var_name
 from ..rewrite import rewrite_call
-from ..compat import sblock_read_write_regions, ty, ty_args
+from ..compat import sblock_written_params, ty, ty_args
 
 __all__ = [
     "VTCM_SCOPE",
@@ -185,26 +185,9 @@ class VTCMPlan:
 
 
 def _written_params(func: tvm.tirx.PrimFunc) -> set[int]:
-    """The indices of the PrimFunc parameters it may write."""
-    import tvm.s_tir
-
-    # tvm.s_tir in TVM 0.27, tvm.tirx in 0.26
-    SBlockRealize = getattr(tvm.s_tir, "SBlockRealize", None) or tvm.tirx.SBlockRealize  # noqa: N806
-
-    params = list(func.params)
-    if not isinstance(func.body, SBlockRealize):  # a scheduled or hand-written kernel: assume all
-        return set(range(len(params)))
-    # Opaque accesses count as writes too.
-    _, writes = sblock_read_write_regions(func, func.body.block)
-    # A region names its buffer as .source (TVM 0.27: the parameter) or .buffer (0.26: the Buffer).
-    written = [region.source if hasattr(region, "source") else region.buffer for region in writes]
-    buffer_map = func.buffer_map if hasattr(func, "buffer_map") else {}  # 0.26 has it, 0.27 not
-
-    def is_written(param: tvm.tirx.Var) -> bool:
-        buffer = buffer_map.get(param)
-        return any(param.same_as(w) or (buffer is not None and buffer.same_as(w)) for w in written)
-
-    return {i for i, p in enumerate(params) if is_written(p)}
+    """The indices of the PrimFunc parameters it may write (all, when it cannot tell)."""
+    written = sblock_written_params(func)
+    return set(range(len(func.params))) if written is None else written
 
 
 _ALLOC_TENSOR = ("relax.vm.alloc_tensor", "relax.memory.alloc_tensor")
