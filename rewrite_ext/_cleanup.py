@@ -80,16 +80,14 @@ class _EliminateCommonSubexpr(PyExprMutator):
         super().__init__()
         # structural hash -> [(value, var)]: the values computed since the last barrier
         self.seen: dict[int, list[tuple[relax.Expr, relax.Var]]] = {}
-        self.dataflow_block = 0
-        self.block_of: dict[relax.Var, int] = {}
+        # the dataflow vars of the dataflow block being visited: the only ones in scope
+        self.dataflow_vars: set[relax.Var] = set()
 
     def visit_dataflow_block_(self, block: relax.DataflowBlock) -> relax.BindingBlock:
-        self.dataflow_block += 1
         try:
             return super().visit_dataflow_block_(block)
         finally:
-            # what the block bound is out of scope after it
-            self.block_of.clear()
+            self.dataflow_vars.clear()
 
     def visit_seq_expr_(self, seq: relax.SeqExpr) -> relax.Expr:
         # an If branch or a function body: what it computes stays in it
@@ -116,12 +114,12 @@ class _EliminateCommonSubexpr(PyExprMutator):
                     return
             entries.append((value, var))
             if isinstance(var, relax.DataflowVar):
-                self.block_of[var] = self.dataflow_block
+                self.dataflow_vars.add(var)
         self.builder_.emit_normalized(relax.VarBinding(var, value))
 
     def _in_scope(self, var: relax.Var) -> bool:
         # a dataflow var is visible only in the dataflow block that binds it
-        return not isinstance(var, relax.DataflowVar) or self.block_of.get(var) == self.dataflow_block
+        return not isinstance(var, relax.DataflowVar) or var in self.dataflow_vars
 
 
 def _is_allocation(value: relax.Expr) -> bool:

@@ -9,7 +9,7 @@ import tvm_ffi
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, PyExprVisitor, mutator, visitor
 from .compat import TensorType, TupleType, dtype_name, ty_args
-from .compat import Constant, StringImm, set_type, var_name  # noqa: F401 (re-exported: _ir.StringImm, _ir.set_type, _ir.var_name)
+from .compat import Constant, StringImm, set_type, var_name  # noqa: F401 (StringImm, set_type, var_name re-exported as _ir.*)
 
 
 def is_void(ty: object) -> bool:
@@ -154,7 +154,6 @@ def is_impure(value: relax.Expr) -> bool:
     elif isinstance(value, _LEAVES):
         return False
     return bool(_CONTAINS_IMPURE(value))
-
 
 
 _LEAVES = (relax.Var, Constant)

@@ -42,9 +42,6 @@ from .compat import LITERALS, has_ty, ty, ty_args
 
 __all__ = ["rule_from_module"]
 
-# Leaves a pattern matches by structural equality: the value written is the value matched.
-_LITERALS = LITERALS
-
 
 @overload
 def rule_from_module(mod: tvm.IRModule, *, name: str | None = None) -> Rule: ...
@@ -284,7 +281,7 @@ class _PatternMaker:
             return is_tuple([self.of(field) for field in expr.fields])
         if isinstance(expr, relax.TupleGetItem):
             return is_tuple_get_item(self.of(expr.tuple_value), expr.index)
-        if isinstance(expr, _LITERALS):
+        if isinstance(expr, LITERALS):  # matched by structural equality
             return is_expr(expr)
         raise ValueError(
             f"rule_from_module: 'pattern' holds a {type(expr).__name__} ({expr}), which a pattern "

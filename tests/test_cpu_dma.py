@@ -11,7 +11,7 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 
 from rewrite_ext.hexagon.cpu_dma import DMA_COPY, DMA_WAIT, CPUDMA, DMAError, cpu_dma
-from rewrite_ext.compat import TY_ARGS, VOID_TY_ARGS, TensorType, TupleType, imm
+from rewrite_ext.compat import VOID_TY_ARGS, TensorType, imm
 
 SHAPE = (4, 8)
 
@@ -336,14 +336,13 @@ def _many_copies(count: int, queues: int) -> tvm.IRModule:
     none waited for until the end, where one wait per queue (inflight 0) completes them all."""
     bb = relax.BlockBuilder()
     x = relax.Var("x", TensorType([8], "float32"))
-    void = [TupleType([])]
     with bb.function("main", [x], pure=False):
         out = bb.emit(relax.op.builtin.alloc_tensor(relax.ShapeExpr([count, 8]), "float32", 0))
         for i in range(count):
             row = bb.emit(relax.op.memory.view(out, relax.ShapeExpr([8]), "float32", imm(32 * i)))
-            bb.emit(relax.op.call_builtin_with_ctx(DMA_COPY, [x, row, i % queues, True], **{TY_ARGS: void}))
+            bb.emit(relax.op.call_builtin_with_ctx(DMA_COPY, [x, row, i % queues, True], **VOID_TY_ARGS))
         for queue in range(queues):
-            bb.emit(relax.op.call_builtin_with_ctx(DMA_WAIT, [queue, 0, True, x, out], **{TY_ARGS: void}))
+            bb.emit(relax.op.call_builtin_with_ctx(DMA_WAIT, [queue, 0, True, x, out], **VOID_TY_ARGS))
         bb.emit_func_output(out)
     return bb.get()
 

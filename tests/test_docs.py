@@ -35,7 +35,7 @@ import tvm
 
 from rewrite_ext.cli import load_module
 from rewrite_ext.hexagon import copy_to_dma
-from rewrite_ext.compat import TY_ARGS, TupleType
+from rewrite_ext.compat import VOID_TY_ARGS
 from _helpers import for_this_tvm, spelled_as_026
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,12 +86,10 @@ def guide_pass_prelude() -> dict[str, Any]:
     from rewrite_ext import RewriteCall
     from rewrite_ext.hexagon import copy_tensor_pattern
 
-    void = [TupleType([])]
-
     def rewriter(orig, matchings, builder):
         src, dst = orig.args
-        builder.emit(relax.op.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", [src, dst, 0, True], **{TY_ARGS: void}))
-        return relax.op.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", [0, 0, True, src, dst], **{TY_ARGS: void})
+        builder.emit(relax.op.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", [src, dst, 0, True], **VOID_TY_ARGS))
+        return relax.op.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", [0, 0, True, src, dst], **VOID_TY_ARGS)
 
     return {"mod": example_module(), "pattern": copy_tensor_pattern(), "rewriter": rewriter,
             "tvm": tvm, "RewriteCall": RewriteCall}

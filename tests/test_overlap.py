@@ -30,28 +30,23 @@ from rewrite_ext.hexagon.overlap import (
 )
 from rewrite_ext.ops import copy_tensor
 from rewrite_ext.testing.strategies import lowered_copy_functions
-from rewrite_ext.compat import TY_ARGS, VOID_TY_ARGS, ObjectType, TensorType, TupleType, dtype_name, imm, imm_value, ty, var_name
+from rewrite_ext.compat import TY_ARGS, VOID_TY_ARGS, ObjectType, TensorType, dtype_name, imm, imm_value, ty, var_name
 
 # ---------------------------------------------------------------------------------------------
 # Writing DMA builtins in TVMScript
 # ---------------------------------------------------------------------------------------------
 
-_VOID = [TupleType([])]
-
-
-_imm = imm
-
 
 def dma_copy(src: relax.Expr, dst: relax.Expr, queue: int = 0) -> relax.Call:
-    return relax.op.call_builtin_with_ctx(DMA_COPY, [src, dst, _imm(queue), _imm(1)], **{TY_ARGS: _VOID})
+    return relax.op.call_builtin_with_ctx(DMA_COPY, [src, dst, imm(queue), imm(1)], **VOID_TY_ARGS)
 
 
 def dma_wait(src: relax.Expr, dst: relax.Expr, queue: int = 0, inflight: int = 0) -> relax.Call:
-    return relax.op.call_builtin_with_ctx(DMA_WAIT, [_imm(queue), _imm(inflight), _imm(1), src, dst], **{TY_ARGS: _VOID})
+    return relax.op.call_builtin_with_ctx(DMA_WAIT, [imm(queue), imm(inflight), imm(1), src, dst], **VOID_TY_ARGS)
 
 
 def legacy_wait(queue: int = 0) -> relax.Call:
-    return relax.op.call_builtin_with_ctx(DMA_WAIT, [_imm(queue), _imm(0)], **{TY_ARGS: _VOID})
+    return relax.op.call_builtin_with_ctx(DMA_WAIT, [imm(queue), imm(0)], **VOID_TY_ARGS)
 
 
 def _alloc(storage: relax.Expr, offset: int | tvm.ir.PrimExpr, n: int = 16) -> relax.Call:

@@ -29,7 +29,7 @@ from rewrite_ext import (
 from rewrite_ext.hexagon import copy_to_dma
 from rewrite_ext.testing import assert_same_results
 from rewrite_ext.testing.strategies import lowered_copy_functions
-from rewrite_ext.compat import TY_ARGS, VOID_TY_ARGS, TupleType, imm, ty, var_name
+from rewrite_ext.compat import VOID_TY_ARGS, imm, ty, var_name
 from _helpers import for_this_tvm, spelled_as_026
 
 X, Y = wildcard(), wildcard()
@@ -237,10 +237,9 @@ def test_decline_with_a_reason_as_a_lowering_rule_does():
     def copy_into_vtcm(orig, m, builder):
         if m[DST] not in in_vtcm:
             raise Decline("dst is not in VTCM")
-        void = [TupleType([])]
         args = relax.Tuple([m[SRC], m[DST], imm(0), imm(1)])
-        builder.emit(relax.op.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", args, **{TY_ARGS: void}))
-        return relax.op.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", args, **{TY_ARGS: void})
+        builder.emit(relax.op.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", args, **VOID_TY_ARGS))
+        return relax.op.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", args, **VOID_TY_ARGS)
 
     report = RewriteReport()
     out = rewrite_call(COPY, copy_into_vtcm, Staged, report=report)
@@ -381,9 +380,8 @@ def test_cleanup_keeps_void_and_impure_bindings_of_a_lowered_function():
 
     def to_dma(orig, m, builder):
         args = [m[SRC], m[DST], imm(0), imm(1)]
-        void = [TupleType([])]
-        builder.emit(relax.op.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", relax.Tuple(args), **{TY_ARGS: void}))
-        return relax.op.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", relax.Tuple(args), **{TY_ARGS: void})
+        builder.emit(relax.op.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", relax.Tuple(args), **VOID_TY_ARGS))
+        return relax.op.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", relax.Tuple(args), **VOID_TY_ARGS)
 
     plain = rewrite_call(COPY, to_dma, Lowered)
     cleaned = rewrite_call(COPY, to_dma, Lowered, cleanup=True)
@@ -580,12 +578,11 @@ def _effects(func: relax.Function) -> list[str]:
 @given(mod=lowered_copy_functions(max_copies=6))
 def test_cleanup_keeps_every_void_and_impure_binding_of_random_lowered_functions(mod):
     def to_dma_with_a_check(orig, m, builder):
-        void = [TupleType([])]
-        builder.emit(relax.op.call_pure_packed("my.check", m[SRC], **{TY_ARGS: void[0]}))
-        builder.emit(relax.op.call_pure_packed("my.check", m[SRC], **{TY_ARGS: void[0]}))
+        builder.emit(relax.op.call_pure_packed("my.check", m[SRC], **VOID_TY_ARGS))
+        builder.emit(relax.op.call_pure_packed("my.check", m[SRC], **VOID_TY_ARGS))
         args = relax.Tuple([m[SRC], m[DST], imm(0), imm(1)])
-        builder.emit(relax.op.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", args, **{TY_ARGS: void}))
-        return relax.op.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", args, **{TY_ARGS: void})
+        builder.emit(relax.op.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", args, **VOID_TY_ARGS))
+        return relax.op.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", args, **VOID_TY_ARGS)
 
     plain = rewrite_call(COPY, to_dma_with_a_check, mod)
     cleaned = rewrite_call(COPY, to_dma_with_a_check, mod, cleanup=True)

@@ -80,7 +80,6 @@ _MAKE_CALL = tvm_ffi.get_global_func("ir.Call", allow_missing=True)
 _MAKE_TUPLE = tvm_ffi.get_global_func("ir.Tuple", allow_missing=True)
 if "ret_ty" not in inspect.signature(relax.Call.__init__).parameters:
     _MAKE_CALL = None
-_CONSTANT = Constant
 _EXTERNAL, _ANYTHING = 0, -1  # roots; allocations get 1, 2, ...
 _NOTHING: tuple = ()
 _OUT = (_EXTERNAL, None, None)
@@ -131,9 +130,6 @@ def _kind(op: object) -> str:
         if isinstance(op, tvm.ir.Op):
             _KINDS[op] = kind
     return kind
-
-
-_int = imm_value
 
 
 _VARS = frozenset({relax.Var, relax.DataflowVar})
@@ -258,7 +254,7 @@ class _Reader:
             return self.leaf(expr.tuple_value)
         if isinstance(expr, (relax.Call, relax.If, relax.SeqExpr, relax.Function)):
             return _ANY
-        if isinstance(expr, _CONSTANT) and isinstance(ty(expr), TensorType):
+        if isinstance(expr, Constant) and isinstance(ty(expr), TensorType):
             # Constants are memory like any other, and a copy may write one.
             return (_OUT,)
         return _NOTHING  # immediates, shapes, strings, dtypes, callee names
@@ -369,7 +365,7 @@ class _Reader:
             size = self.known.get(var.__chandle__())
             if type(size) is int:  # a copy's dst, its size known to copy_to_dma: read 2 args, not 5
                 storage, offset = _arg(call.args, 0), _arg(call.args, 1)
-                self.facts[_h(var)] = self._placed(self.leaf(storage), _int(offset), size)
+                self.facts[_h(var)] = self._placed(self.leaf(storage), imm_value(offset), size)
                 return _Rec(binding, "compute", var, _arg_vars([storage]))
         args = _ir.elements(call.args)
         if kind == "builtin":
@@ -384,7 +380,7 @@ class _Reader:
             self.facts[_h(var)] = ((root, None, None),)
             return _Rec(binding, "compute", var, uses)
         if kind == "tensor":
-            self.facts[_h(var)] = self._placed(self.leaf(args[0]), _int(args[1]), _nbytes(args[2], args[3]))
+            self.facts[_h(var)] = self._placed(self.leaf(args[0]), imm_value(args[1]), _nbytes(args[2], args[3]))
             return _Rec(binding, "compute", var, uses)
         first = self.leaf(args[0]) if args else _NOTHING
         if kind == "view":
@@ -417,7 +413,7 @@ class _Reader:
         args = _ir.elements(call.args)
         offset = 0
         if len(args) > 3 and not (isinstance(args[3], relax.Tuple) and len(args[3].fields) == 0):
-            offset = _int(args[3])
+            offset = imm_value(args[3])
         nbytes = _ir.static_nbytes(ty(call))
         return tuple(
             (root, start + offset, start + offset + nbytes)
@@ -440,7 +436,7 @@ def _nbytes(shape: object, dtype: object) -> int | None:
         return None
     count = 1
     for dim in _ir.elements(shape.values):
-        value = _int(dim)
+        value = imm_value(dim)
         if value is None:
             return None
         count *= value
@@ -482,11 +478,11 @@ def _read_dma(args: list) -> tuple[str, _DMA] | None:
     if str(func.global_symbol) == DMA_COPY:
         if len(fields) != 4:
             return "bad", None
-        return "copy", _DMA(_int(fields[2]), _int(fields[3]), fields[0], fields[1])
+        return "copy", _DMA(imm_value(fields[2]), imm_value(fields[3]), fields[0], fields[1])
     if len(fields) == 5:
-        return "wait", _DMA(_int(fields[0]), _int(fields[2]), fields[3], fields[4], _int(fields[1]), fields)
+        return "wait", _DMA(imm_value(fields[0]), imm_value(fields[2]), fields[3], fields[4], imm_value(fields[1]), fields)
     if len(fields) == 2:  # legacy: no src, dst
-        return "wait", _DMA(_int(fields[0]), None, None, None, _int(fields[1]), fields)
+        return "wait", _DMA(imm_value(fields[0]), None, None, None, imm_value(fields[1]), fields)
     return "bad", None
 
 

@@ -50,9 +50,7 @@ _HINTS = {
 def _run_error(step: str, exc: Exception) -> RunError:
     message = f"run: {step} failed: {type(exc).__name__}: {exc}"
     hints = [hint for key, hint in _HINTS.items() if key in str(exc)]
-    error = RunError("\n".join([message, *hints]))
-    error.__cause__ = exc
-    return error
+    return RunError("\n".join([message, *hints]))
 
 
 @dataclass(frozen=True)
