@@ -4,8 +4,8 @@ A pass that changed something is followed by another, since what it
 produced may match again; ``max_iterations`` bounds the passes that may
 change something, and one more pass must then change nothing.  Pure
 bindings that matches saw through and that nothing reads any more are
-dropped at the end.  The result is well formed, by the local check of
-every match or, when that cannot vouch, by TVM's full check.
+dropped at the end.  Every changed result then goes through TVM's
+well-formedness check (``_wellformed``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from tvm import relax
 
 from . import _cleanup, _ir
 from ._walker import NAMES_SHOWN, FunctionPass, RuleSet
-from ._wellformed import LocalCheck, full_check
+from ._wellformed import Verdict
 from .compat import ret_ty
 from .errors import RewriteError
 from .report import Recorder, RewriteReport
@@ -45,14 +45,14 @@ def apply(
         for rule in rules:
             report.rule(rule)  # every rule has a row, matched or not
     if isinstance(target, relax.Function):
-        check = LocalCheck(None)
+        check = Verdict()
         name = _ir.function_name(target)
         result = _rewrite_function(ruleset, target, name, None, max_iterations, check, recorder, cleanup)
         if not result.same_as(target):
             _verify(result, target, [name], ruleset, check)
         return result
     if isinstance(target, tvm.IRModule):
-        check = LocalCheck({hash(gv) for gv in target.get_global_vars()})
+        check = Verdict()
         functions = dict(target.functions_items())
         changed = []
         for gvar, func in target.functions_items():
@@ -77,7 +77,7 @@ def _rewrite_function(
     name: str,
     mod: tvm.IRModule | None,
     max_iterations: int,
-    check: LocalCheck,
+    check: Verdict,
     recorder: Recorder | None,
     cleanup: bool,
 ) -> relax.Function:
@@ -89,9 +89,8 @@ def _rewrite_function(
         if not result.changes:
             break
         if count == max_iterations:
-            # A result that does not converge because it reads an undefined var is reported as such.
-            if check.suspects:
-                _verify(result.func, func, [name], rules, check)
+            # A result that does not converge because it is not well formed is reported as such.
+            _verify(result.func, func, [name], rules, check)
             shown = ", ".join(f"'{v}'" for v in result.changed_names)
             more = result.changes - len(result.changed_names)
             raise RewriteError(
@@ -150,35 +149,50 @@ def _verify(
     original: relax.Function | tvm.IRModule,
     names: list[str],
     rules: RuleSet,
-    check: LocalCheck,
+    check: Verdict,
 ) -> None:
-    """Raise RewriteError unless the local check vouches for ``obj`` or TVM's full check passes."""
-    if check.vouches:
-        return
-    verdict = full_check(obj)
+    """Raise RewriteError unless TVM finds ``obj`` well formed, naming the match at fault."""
+    verdict = check.check(obj)
     if verdict is None:
         return
-    input_verdict = full_check(original)
+    input_verdict = check.check(original)
+    if input_verdict is not None and isinstance(obj, tvm.IRModule):
+        # A module ill formed before the rewrite (IRModule({"main": f}) with f's global_symbol
+        # another name, say) says nothing of the rewrite: each rewritten function is judged alone.
+        for name in names:
+            verdict = check.check(obj[name])
+            if verdict is not None:
+                input_verdict = check.check(original[name])
+                break
+        else:
+            return
+    culprit = check.culprit(verdict)
+    where = f"function '{', '.join(names)}', pattern {rules.description}"
+    if culprit is not None:
+        where = f"function '{culprit.function}', binding '{culprit.binding}', pattern {culprit.rule}"
     if input_verdict is not None:
-        where = f"function '{', '.join(names)}'"
-        if check.suspects:
-            s = check.suspects[0]
-            where = f"function '{s.function}', binding '{s.binding}', pattern {s.rule} (reading '{s.var}')"
+        reading = f" (reading '{culprit.var}')" if culprit is not None else ""
         raise RewriteError(
-            f"rewrite_ext: in {where}: the input is not well formed, so the rewrite cannot be "
-            f"checked: {input_verdict}"
+            f"rewrite_ext: in {where}{reading}: the input is not well formed, so the rewrite cannot "
+            f"be checked: {input_verdict}"
         )
-    if check.suspects:
-        s = check.suspects[0]
-        raise RewriteError(
-            f"rewrite_ext: in function '{s.function}', binding '{s.binding}', pattern {s.rule}: "
-            f"the result is not well formed: the rewriter used the var '{s.var}', which is not "
-            "defined where the binding stands; use the vars and values in matchings, or what "
-            f"builder.emit returned. relax.analysis.well_formed says: {verdict}"
+    if culprit is not None and culprit.defines:
+        what = (
+            f"the rewriter emitted a binding of the var '{culprit.var}', which is already defined; "
+            "builder.emit makes a fresh var"
         )
+    elif culprit is not None and culprit.is_global:
+        what = f"the rewriter called the GlobalVar '{culprit.var}', which the module does not define"
+    elif culprit is not None:
+        what = (
+            f"the rewriter used the var '{culprit.var}', which is not defined where the binding "
+            "stands; use the vars and values in matchings, or what builder.emit returned"
+        )
+    else:
+        what = "; ".join(check.typed_reasons) or "TVM rejects it"
     raise RewriteError(
-        f"rewrite_ext: in function '{', '.join(names)}', pattern {rules.description}: the rewritten IR "
-        f"is not well formed ({'; '.join(check.full_check_reasons)}): {verdict}"
+        f"rewrite_ext: in {where}: the result is not well formed: {what}. "
+        f"relax.analysis.well_formed says: {verdict}"
     )
 
 

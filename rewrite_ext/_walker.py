@@ -24,10 +24,10 @@ from tvm import relax
 from tvm.relax.dpl import DFPattern, WildcardPattern
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from . import _ir, _wellformed
+from . import _ir
 from ._builder import BuilderMisuse, RewriterBuilder
 from ._patterns import ANY_GLOBAL_VAR
-from ._wellformed import LocalCheck
+from ._wellformed import Verdict
 from .errors import RewriteError, remember
 from .report import Recorder
 from .rule import Decline, Rule
@@ -116,7 +116,6 @@ class PassResult:
 class _Scope:
     name: str
     checks_purity: bool
-    params: frozenset[int]
 
 
 @dataclass
@@ -127,20 +126,6 @@ class _Block:
     is_dataflow: bool
     lookup: dict[int, tuple[relax.Var, relax.Expr]] | None
     """hash(var) -> (var, value) of the bindings a match may see through; None if no rule looks."""
-    position: int = 0
-    """Index of the binding being rewritten."""
-    new_vars: set[int] = field(default_factory=set)
-    """Vars defined by bindings the rewrites of this block added."""
-    _defined_at: dict[int, int] | None = None
-
-    def defined_before(self, var: relax.Var) -> bool | None:
-        """Whether the input block binds ``var`` before the current binding (None: not at all)."""
-        if self._defined_at is None:
-            self._defined_at = {
-                hash(binding.var): i for i, binding in enumerate(_ir.bindings_of(self.bindings))
-            }
-        at = self._defined_at.get(hash(var))
-        return None if at is None else at < self.position
 
 
 @mutator
@@ -159,7 +144,7 @@ class FunctionPass(PyExprMutator):
         name: str,
         mod: tvm.IRModule | None,
         kept: set[tuple[int, int]],
-        check: LocalCheck,
+        check: Verdict,
         recorder: Recorder | None = None,
     ) -> None:
         super().__init__(mod)
@@ -201,9 +186,7 @@ class FunctionPass(PyExprMutator):
 
     def visit_function_(self, func: relax.Function) -> relax.Expr:
         name = self.top_name if not self.scopes else f"{self.top_name} (local function)"
-        outer = self.scopes[-1].params if self.scopes else frozenset()
-        params = outer | {hash(p) for p in func.params}
-        self.scopes.append(_Scope(name, _ir.checks_purity(func), params))
+        self.scopes.append(_Scope(name, _ir.checks_purity(func)))
         try:
             return super().visit_function_(func)
         except BaseException as exc:
@@ -238,11 +221,10 @@ class FunctionPass(PyExprMutator):
         candidates = self.rules.candidates
         builder.begin_frame(is_dataflow)
         try:
-            for position, binding in enumerate(_ir.bindings_of(bindings)):
+            for binding in _ir.bindings_of(bindings):
                 value = binding.value
                 rules = candidates(value)
                 if rules:
-                    block.position = position
                     if self._try_rules(binding, value, rules, block):
                         continue
                 self._emit_unchanged(binding, value)
@@ -333,7 +315,7 @@ class FunctionPass(PyExprMutator):
             if recorder is not None:
                 recorder.declined(rule, self._scope_name(), binding, reason)
             return False
-        self._check(rule, binding, value, emitted, None if keep else new_value, block)
+        self._check(rule, binding, emitted, None if keep else new_value, block)
         self.suspended += 1
         try:
             for extra in emitted:
@@ -435,16 +417,17 @@ class FunctionPass(PyExprMutator):
         self,
         rule: Rule,
         binding: relax.Binding,
-        value: relax.Expr,
         emitted: list[relax.Binding],
         new_value: relax.Expr | None,
         block: _Block,
     ) -> None:
-        """Purity, void values, and the local well-formedness check of what the match added."""
+        """Purity and void values; the match is recorded for the well-formedness verdict."""
         if block.is_dataflow or self.scopes[-1].checks_purity:
-            for what, expr in [*(("emitted", b.value) for b in emitted), ("returned", new_value)]:
-                if expr is not None and _ir.is_impure(expr):
-                    self._fail_impure(rule, binding, what, expr, block.is_dataflow)
+            for extra in emitted:
+                if _ir.is_impure(extra.value):
+                    self._fail_impure(rule, binding, "emitted", extra.value, block.is_dataflow)
+            if new_value is not None and _ir.is_impure(new_value):
+                self._fail_impure(rule, binding, "returned", new_value, block.is_dataflow)
         if new_value is not None and _ir.is_void(ty(new_value)) and not _ir.is_void(ty(binding.var)):
             if binding.var in self._used_vars():
                 self._fail(
@@ -453,7 +436,7 @@ class FunctionPass(PyExprMutator):
                     "the rewriter returned a void value (type R.Tuple()) but the binding's var "
                     "is used later; only a binding whose var is unused may become void",
                 )
-        self._check_vars(rule, binding, value, emitted, new_value, block)
+        self.check.record(self._scope_name(), binding, rule.description, emitted, new_value)
 
     def _fail_impure(
         self, rule: Rule, binding: relax.Binding, what: str, expr: relax.Expr, is_dataflow: bool
@@ -471,47 +454,6 @@ class FunctionPass(PyExprMutator):
                 "lowering, which marks it relax.force_pure"
             )
         self._fail(binding, rule, f"the rewriter {what} the impure call `{expr}` into {where}; {fix}")
-
-    def _check_vars(
-        self,
-        rule: Rule,
-        binding: relax.Binding,
-        value: relax.Expr,
-        emitted: list[relax.Binding],
-        new_value: relax.Expr | None,
-        block: _Block,
-    ) -> None:
-        lookup = block.lookup or {}
-        params = self.scopes[-1].params
-        fresh: set[int] = set()
-        read_by_orig: set[int] | None = None
-
-        def is_known(var: relax.Var) -> bool:
-            nonlocal read_by_orig
-            key = hash(var)
-            if key in fresh or key in params or key in lookup or key in block.new_vars or block.defined_before(var):
-                return True
-            # a var of an enclosing scope: known if the matched value reads it too
-            if read_by_orig is None:
-                read_by_orig = {hash(v) for v in _wellformed.reads(value, None) if v is not None}
-            return key in read_by_orig
-
-        where = (self._scope_name(), binding, rule.description)
-        for extra in emitted:
-            self.check.check_reads(extra.value, is_known, where)
-            var = extra.var
-            key = hash(var)
-            if key in lookup or key in params or key in block.new_vars or block.defined_before(var) is not None:
-                self._fail(
-                    binding,
-                    rule,
-                    "the result is not well formed: the rewriter emitted a binding of the var "
-                    f"'{_ir.var_name(var)}', which is already defined; builder.emit makes a fresh var",
-                )
-            fresh.add(key)
-            block.new_vars.add(key)
-        if new_value is not None:
-            self.check.check_reads(new_value, is_known, where)
 
     def _used_vars(self) -> set[relax.Var]:
         if self._used is None:

@@ -1,19 +1,22 @@
-"""Is the rewritten IR well formed?  A local check per match, TVM's check when it cannot tell.
+"""Is the rewritten IR well formed?  TVM's check decides; the matches recorded name the culprit.
 
-``relax.analysis.well_formed`` costs 85-110 us per binding on VM-level IR,
-more than the whole rewrite, so it runs only when the local check cannot
-vouch for a result.  The local check looks at each binding a match added:
-every var it reads must be one the match could read where the binding
-stands (read by the matched value, defined by a binding the match saw or
-emitted, a parameter, or bound earlier in the same block), and every var
-it defines must be new.  A var it cannot account for (bound in an outer
-block, say) is a suspect: TVM's full check then decides, and its verdict is
-reported against the first suspect's binding.
+Every changed result goes through ``relax.analysis.well_formed``.  Without
+its type checks it costs 0.2-0.8 us a binding on chains and VM-level IR
+(its type checks cost 4-30: they infer the type of every call again), so
+the types are checked only when a rewrite made something TVM's normalizer
+did not type itself (a binding emitted with ``emit_normalized``, a var
+re-typed with symbolic shapes): scoping, single definition, dataflow vars
+and GlobalVars are what a rewriter can get wrong, and the untyped check
+covers them.
+
+TVM's message names a var, not a rewrite.  Each match is recorded (a tuple
+append), and a failed verdict is put against the first match that read or
+defined a var of the name TVM gives.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
 from dataclasses import dataclass, field
 
 import tvm
@@ -21,108 +24,101 @@ from tvm import relax
 
 from . import _ir
 
+# TVM names the offending var as "Var a is not defined.", "DataflowVar a ...",
+# 'GlobalVar I.GlobalVar("g") ...'.
+_NAMED_VAR = re.compile(r"\b(?:Var|DataflowVar|GlobalVar)(?:\(\")?\s*([^\s,.;:'\"()\[\]]+)")
+
 # Values that may read vars below them; anything else without a var in it is a plain leaf
 # (constants, prim values, strings, shapes, extern funcs, ops: their classes move between
 # TVM versions, these do not).
 _NESTED = {relax.Call, relax.If, relax.SeqExpr, relax.Function, relax.TupleGetItem}
+_VAR_CLASSES = {relax.Var, relax.DataflowVar}
 
 
 @dataclass
-class Suspect:
-    """A var a new binding reads that the local check could not account for."""
+class Culprit:
+    """The match a failed verdict is put against."""
 
     function: str
     binding: str
     rule: str
     var: str
+    defines: bool
+    """True when the match emitted a binding of the var, False when it read it."""
+    is_global: bool
+    """True when the var is a GlobalVar."""
 
 
 @dataclass
-class LocalCheck:
-    """The well-formedness verdict of one rewrite, built match by match.
+class Verdict:
+    """What the well-formedness verdict of one rewrite needs, gathered match by match."""
 
-    The traversal reports what each match's new bindings read to
-    :meth:`check_reads` (it checks itself that the vars they define are new)
-    and anything else only TVM can judge to :meth:`defer`; the driver runs
-    TVM's full check when :attr:`vouches` is False.
-    """
+    matches: list[tuple[str, relax.Binding, str, list[relax.Binding], relax.Expr | None]] = field(
+        default_factory=list
+    )
+    """(function, matched binding, rule description, emitted bindings, new value) of each match."""
+    typed_reasons: list[str] = field(default_factory=list)
+    """Why TVM's type checks must run too (at most 10 kept)."""
 
-    global_vars: set[int] | None
-    """Hashes of the module's GlobalVars (None for a lone function: not checked)."""
-    suspects: list[Suspect] = field(default_factory=list)
-    full_check_reasons: list[str] = field(default_factory=list)
-    """Why the local check cannot vouch, besides suspects (a raw emit, a GlobalVar the module lacks)."""
-
-    @property
-    def vouches(self) -> bool:
-        return not self.suspects and not self.full_check_reasons
+    def record(
+        self,
+        function: str,
+        binding: relax.Binding,
+        rule: str,
+        emitted: list[relax.Binding],
+        new_value: relax.Expr | None,
+    ) -> None:
+        """Note a match, should the verdict need to name it."""
+        self.matches.append((function, binding, rule, emitted, new_value))
 
     def defer(self, reason: str) -> None:
-        """Leave the verdict to TVM's full check."""
-        if len(self.full_check_reasons) < 10:
-            self.full_check_reasons.append(reason)
+        """Make TVM check the types of the result too."""
+        if len(self.typed_reasons) < 10:
+            self.typed_reasons.append(reason)
 
-    def check_reads(
-        self,
-        value: relax.Expr,
-        is_known: Callable[[relax.Var], bool],
-        where: tuple[str, relax.Binding, str],
-    ) -> None:
-        """Note every var ``value`` reads that ``is_known`` cannot account for.
+    def check(self, obj: relax.Function | tvm.IRModule) -> str | None:
+        """TVM's verdict on ``obj``: None when it is well formed, else TVM's message."""
+        return full_check(obj, typed=bool(self.typed_reasons))
 
-        ``where`` is (function, the matched binding, the pattern's description).
+    def culprit(self, verdict: str) -> Culprit | None:
+        """The first match that defined (for a var "defined more than once") or read a var the
+        message ``verdict`` names; a name several vars share goes to the first match using one.
         """
-        function, binding, rule = where
-        for var in reads(value, self.global_vars):
-            if var is None:
-                self.defer(f"binding '{_ir.var_name(binding.var)}' reads a GlobalVar the module lacks")
-            elif not is_known(var):
-                self.suspects.append(Suspect(function, _ir.var_name(binding.var), rule, _ir.var_name(var)))
+        names = set(_NAMED_VAR.findall(verdict))
+        if not names:
+            return None
+        if "more than once" in verdict:
+            for function, binding, rule, emitted, _ in self.matches:
+                for extra in emitted:
+                    name = _ir.var_name(extra.var)
+                    if name in names:
+                        return Culprit(function, _ir.var_name(binding.var), rule, name, True, False)
+        for function, binding, rule, emitted, new_value in self.matches:
+            for value in [*(extra.value for extra in emitted), new_value]:
+                for var in reads(value) if value is not None else ():
+                    name = _ir.var_name(var)
+                    if name in names:
+                        is_global = type(var) is relax.GlobalVar
+                        return Culprit(function, _ir.var_name(binding.var), rule, name, False, is_global)
+        return None
 
 
-def reads(value: relax.Expr, global_vars: set[int] | None) -> list[relax.Var | None]:
-    """The vars ``value`` reads; None for each GlobalVar that is not in ``global_vars``.
-
-    A normalized call's arguments are leaves or tuples of leaves, read here
-    without a walk in C++; anything else asks TVM.  Classes are compared
-    exactly: ``isinstance`` against TVM's classes goes through ABCMeta.
-    """
-    found: list[relax.Var | None] = []
-    cls = type(value)
-    if cls is relax.Call:
-        stack = [value.op, *_ir.elements(value.args)]
-    elif cls is relax.Tuple or cls in _VAR_CLASSES:
-        stack = [value]
-    else:
-        stack = None
-    while stack:
-        expr = stack.pop()
-        cls = type(expr)
-        if cls in _VAR_CLASSES:
-            found.append(expr)
-        elif cls is relax.Tuple:
-            stack.extend(_ir.elements(expr.fields))
-        elif cls is relax.GlobalVar:
-            if global_vars is not None and hash(expr) not in global_vars:
-                found.append(None)
-        elif cls in _NESTED:
-            stack = None  # something nested: let TVM list what it reads
-    if stack is not None:
-        return found
+def reads(value: relax.Expr) -> list[relax.Var | relax.GlobalVar]:
+    """The vars and GlobalVars ``value`` reads."""
     found = [v for v in relax.analysis.free_vars(value) if type(v) in _VAR_CLASSES]
-    if global_vars is not None:
-        found.extend(None for gv in relax.analysis.all_global_vars(value) if hash(gv) not in global_vars)
+    found.extend(relax.analysis.all_global_vars(value))
     return found
 
 
-_VAR_CLASSES = {relax.Var, relax.DataflowVar}
+def full_check(obj: relax.Function | tvm.IRModule, typed: bool = True) -> str | None:
+    """TVM's verdict: None when ``obj`` is well formed, else TVM's message.
 
-
-def full_check(obj: relax.Function | tvm.IRModule) -> str | None:
-    """TVM's verdict: None when ``obj`` is well formed, else TVM's message."""
+    ``typed`` False skips TVM's type checks (passed by position: the keyword
+    is ``check_struct_info`` in TVM 0.25, ``check_ty`` later).
+    """
     try:
-        verdict = relax.analysis.well_formed(obj)
+        verdict = relax.analysis.well_formed(obj, typed)
     except Exception as exc:  # noqa: BLE001 - TVM raises its own error types
         return str(exc)
-    # TVM 0.27 returns None and raises; earlier versions return a bool.
+    # TVM 0.27 returns None and raises; earlier versions may return a bool.
     return "relax.analysis.well_formed returned False" if verdict is False else None

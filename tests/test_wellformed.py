@@ -297,6 +297,24 @@ def test_a_global_var_in_a_new_binding_is_checked_against_the_module():
     before.assert_unchanged(TwoFunctions)
 
 
+def test_a_module_ill_formed_elsewhere_is_rewritten_and_its_rewritten_functions_checked():
+    # IRModule({"main": f}) keeps f's global_symbol 'impure': TVM finds the module ill formed,
+    # whatever the rewrite does; the rewritten function is judged on its own.
+    mod = tvm.IRModule({"main": impure})
+    with pytest.raises(Exception, match="GlobalVar"):
+        relax.analysis.well_formed(mod)
+    out = rewrite_call(ADD, lambda orig, m: relax.op.subtract(m[X], m[Y]), mod)
+    relax.analysis.well_formed(out["main"])
+    assert values(out["main"])[0] == "R.subtract(x, x)"
+
+    own = impure.body.blocks[0].bindings[0].var  # a, read before it is bound
+    before = Snapshot.of(mod)
+    with pytest.raises(RewriteError, match="not well formed") as info:
+        rewrite_call(ADD, lambda orig, m: relax.op.multiply(own, m[Y]), mod)
+    assert_names(str(info.value), "main", "a", "a")
+    before.assert_unchanged(mod)
+
+
 def chain_of_adds(count: int) -> relax.Function:
     bb = relax.BlockBuilder()
     x = relax.Var("x", TensorType([4], "float32"))
