@@ -155,12 +155,21 @@ def _verify(
     verdict = check.check(obj)
     if verdict is None:
         return
+    said_by = "relax.analysis.well_formed says"
     input_verdict = check.check(original)
     if input_verdict is not None and isinstance(obj, tvm.IRModule):
         # A module ill formed before the rewrite (IRModule({"main": f}) with f's global_symbol
-        # another name, say) says nothing of the rewrite: each rewritten function is judged alone.
+        # another name, say) says nothing of the rewrite: each rewritten function is judged
+        # alone, and its GlobalVars against the module's.
+        said_by = "relax.analysis.well_formed of the function alone says"
+        defined = {hash(gvar) for gvar in obj.get_global_vars()}
         for name in names:
             verdict = check.check(obj[name])
+            if verdict is None:
+                missing = [g for g in relax.analysis.all_global_vars(obj[name]) if hash(g) not in defined]
+                if missing:
+                    said_by = "checked against the module's GlobalVars"
+                    verdict = f"GlobalVar {missing[0].name_hint} is not defined."
             if verdict is not None:
                 input_verdict = check.check(original[name])
                 break
@@ -192,7 +201,7 @@ def _verify(
         what = "; ".join(check.typed_reasons) or "TVM rejects it"
     raise RewriteError(
         f"rewrite_ext: in {where}: the result is not well formed: {what}. "
-        f"relax.analysis.well_formed says: {verdict}"
+        f"{said_by}: {verdict}"
     )
 
 

@@ -314,6 +314,12 @@ def test_a_module_ill_formed_elsewhere_is_rewritten_and_its_rewritten_functions_
     assert_names(str(info.value), "main", "a", "a")
     before.assert_unchanged(mod)
 
+    stranger = Elsewhere.get_global_var("stranger")  # a function this module does not have
+    with pytest.raises(RewriteError, match="not well formed") as info:
+        rewrite_call(ADD, lambda orig, m: relax.Call(stranger, [m[X]]), mod)
+    assert_names(str(info.value), "main", "a", "stranger")
+    before.assert_unchanged(mod)
+
 
 def chain_of_adds(count: int) -> relax.Function:
     bb = relax.BlockBuilder()
