@@ -16,6 +16,7 @@ import tvm_ffi
 from tvm import relax
 
 from . import _cleanup, _ir
+from ._builder import RewriterBuilder
 from ._walker import NAMES_SHOWN, FunctionPass, RuleSet
 from ._wellformed import Verdict
 from .compat import ret_ty
@@ -46,23 +47,31 @@ def apply(
             report.rule(rule)  # every rule has a row, matched or not
     if isinstance(target, relax.Function):
         check = Verdict()
+        builder = RewriterBuilder()
         name = _ir.function_name(target)
-        result = _rewrite_function(ruleset, target, name, None, max_iterations, check, recorder, cleanup)
+        result = _rewrite_function(ruleset, target, name, builder, max_iterations, check, recorder, cleanup)
         if not result.same_as(target):
+            added = _added_functions(builder, tvm.IRModule(), [result])
+            if added:
+                _refuse_added(added, name, ruleset, check)
             _verify(result, target, [name], ruleset, check)
         return result
     if isinstance(target, tvm.IRModule):
         check = Verdict()
+        # One builder for every pass: its module is the target plus what rewriters added.
+        builder = RewriterBuilder(target)
         functions = dict(target.functions_items())
         changed = []
         for gvar, func in target.functions_items():
             if isinstance(func, relax.Function):
                 new_func = _rewrite_function(
-                    ruleset, func, gvar.name_hint, target, max_iterations, check, recorder, cleanup
+                    ruleset, func, gvar.name_hint, builder, max_iterations, check, recorder, cleanup
                 )
                 if not new_func.same_as(func):
                     functions[gvar] = new_func
                     changed.append(gvar.name_hint)
+        if changed:
+            functions.update(_added_functions(builder, target, [functions[g] for g in functions]))
         new_mod = tvm.IRModule(functions, attrs=target.attrs, global_infos=target.global_infos)
         if changed:
             _check_signatures(target, new_mod, changed)
@@ -75,7 +84,7 @@ def _rewrite_function(
     rules: RuleSet,
     func: relax.Function,
     name: str,
-    mod: tvm.IRModule | None,
+    builder: RewriterBuilder,
     max_iterations: int,
     check: Verdict,
     recorder: Recorder | None,
@@ -85,7 +94,7 @@ def _rewrite_function(
     interior: list[relax.Var] = []
     current = func
     for count in range(max_iterations + 1):
-        result = FunctionPass(rules, name, mod, kept, check, recorder).run(current)
+        result = FunctionPass(rules, name, builder, kept, check, recorder).run(current)
         if not result.changes:
             break
         if count == max_iterations:
@@ -114,6 +123,50 @@ def _rewrite_function(
     if interior:
         current = _ir.drop_unused_bindings(current, interior)
     return current
+
+
+def _added_functions(
+    builder: RewriterBuilder, known: tvm.IRModule, functions: Sequence[tvm.ir.BaseFunc]
+) -> dict[tvm.ir.GlobalVar, tvm.ir.BaseFunc]:
+    """The functions rewriters added to ``builder``'s module (``emit_te``, ``add_func``) that
+    ``functions`` call, directly or through one another.
+
+    A match declined after ``emit_te`` leaves its kernel in the builder's
+    module, called by nothing: it is not added.
+    """
+    present = {hash(gvar) for gvar in known.get_global_vars()}
+    added = {
+        hash(gvar): (gvar, func)
+        for gvar, func in builder.get().functions_items()
+        if hash(gvar) not in present
+    }
+    found: dict[tvm.ir.GlobalVar, tvm.ir.BaseFunc] = {}
+    pending = [f for f in functions if isinstance(f, relax.Function)]
+    while added and pending:
+        for callee in relax.analysis.all_global_vars(pending.pop()):
+            entry = added.pop(hash(callee), None)
+            if entry is not None:
+                found[entry[0]] = entry[1]
+                if isinstance(entry[1], relax.Function):
+                    pending.append(entry[1])
+    return found
+
+
+def _refuse_added(
+    added: dict[tvm.ir.GlobalVar, tvm.ir.BaseFunc], name: str, rules: RuleSet, check: Verdict
+) -> None:
+    """A rewritten relax.Function cannot carry the functions its rewriters added."""
+    names = [gvar.name_hint for gvar in added]
+    culprit = check.culprit(" ".join(f"GlobalVar {n} is not defined." for n in names))
+    where = f"function '{name}', pattern {rules.description}"
+    if culprit is not None:
+        where = f"function '{culprit.function}', binding '{culprit.binding}', pattern {culprit.rule}"
+    listed = ", ".join(f"'{n}'" for n in names)
+    raise RewriteError(
+        f"rewrite_ext: in {where}: the rewriter added the function(s) {listed} to the builder's "
+        "module (builder.emit_te or builder.add_func), and a relax.Function has no module to hold "
+        "them; rewrite the IRModule that holds the function, and they are added to it"
+    )
 
 
 def _check_signatures(old: tvm.IRModule, new: tvm.IRModule, changed: list[str]) -> None:

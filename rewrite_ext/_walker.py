@@ -132,7 +132,8 @@ class _Block:
 class FunctionPass(PyExprMutator):
     """One rewriting pass of ``rules`` over one function.
 
-    ``kept`` holds ``(rule index, hash(value))`` of each binding a rule kept
+    ``builder`` is shared by the passes of one rewrite: what rewriters add to
+    its module (``emit_te``'s kernels) is added to the result.  ``kept`` holds ``(rule index, hash(value))`` of each binding a rule kept
     (returned ``orig`` after emitting): that rule is not offered the binding
     again, in this pass or a later one.  The value, not the var, names the
     binding: TVM's cleanups may rename the var, never rebuild the value.
@@ -142,14 +143,14 @@ class FunctionPass(PyExprMutator):
         self,
         rules: RuleSet,
         name: str,
-        mod: tvm.IRModule | None,
+        builder: RewriterBuilder,
         kept: set[tuple[int, int]],
         check: Verdict,
         recorder: Recorder | None = None,
     ) -> None:
-        super().__init__(mod)
+        super().__init__()
         self.recorder = recorder
-        self.builder_ = RewriterBuilder(mod)
+        self.builder_ = builder
         self.rules = rules
         self.top_name = name
         self.kept = kept

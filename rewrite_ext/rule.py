@@ -45,15 +45,24 @@ class Decline(Exception):  # noqa: N818 - named for what the rewriter does, as M
 
 
 def _takes_builder(rewriter: Callable[..., Any]) -> bool:
-    """Whether ``rewriter`` is the three-argument form, read from its signature once."""
+    """Whether ``rewriter`` is the three-argument form, read from its signature once.
+
+    A third positional parameter with a default is left to it, as TVM's
+    ``rewrite_call`` leaves it: ``rewriter(orig, matchings, verbose=False)``
+    written for TVM must not receive the builder as ``verbose``.
+    """
     try:
         params = inspect.signature(rewriter).parameters.values()
     except (TypeError, ValueError):  # builtins without a signature: TVM's form
         return False
     if any(p.kind == p.VAR_POSITIONAL for p in params):
         return True
-    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return len(positional) >= 3
+    required = [
+        p
+        for p in params
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+    ]
+    return len(required) >= 3
 
 
 class Rule:

@@ -285,9 +285,39 @@ def test_check_pass_reports_an_ill_formed_output():
 
 
 def test_running_a_module_without_main_names_the_fix():
-    mod = tvm.IRModule({"f": func})
-    with pytest.raises(ValueError, match="no function 'main'"):
+    mod = tvm.IRModule({"f": func.with_attr("global_symbol", "f"), "g": func.with_attr("global_symbol", "g")})
+    with pytest.raises(ValueError, match="no function 'main' and public Relax functions f, g; pass entry="):
         run(mod)
+    with pytest.raises(ValueError, match="no Relax function 'h' to run .it has f, g"):
+        run(mod, entry="h")
+    inputs = [np.arange(4, dtype="float32"), np.full(4, 2, dtype="float32")]
+    np.testing.assert_array_equal(run(mod, inputs, entry="g")[0], np.array([4, 6, 8, 10], dtype="float32"))
+
+
+def test_an_nn_model_is_run_by_its_only_public_function_forward():
+    from tvm.relax.frontend import nn
+
+    class MLP(nn.Module):
+        def __init__(self):
+            self.up, self.down = nn.Linear(8, 16), nn.Linear(16, 4)
+
+        def forward(self, x):
+            return self.down(nn.relu(self.up(x)))
+
+    mod, _ = MLP().export_tvm({"forward": {"x": nn.spec.Tensor((2, 8), "float32")}})
+    assert "main" not in [gv.name_hint for gv in mod.get_global_vars()]
+    report = check_rewrite(ADD, add_to_subtract_of_negative, mod)
+    assert report.rewrites >= 2 and report.ran
+    legalized = relax.transform.LegalizeOps()(mod)
+    assert len(random_inputs(legalized)) == 5  # x and the two layers' weights and biases
+    assert run(legalized)[0].shape == (2, 4)
+
+
+def test_a_module_keyed_by_another_name_than_its_global_symbol_runs():
+    # IRModule({"main": f}) keeps f's global_symbol, the name relax.build gives it.
+    mod = tvm.IRModule({"main": func})
+    inputs = [np.arange(4, dtype="float32"), np.ones(4, dtype="float32")]
+    np.testing.assert_array_equal(run(mod, inputs)[0], np.arange(1, 5, dtype="float32"))
 
 
 # ---------------------------------------------------------------------------

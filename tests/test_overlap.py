@@ -1074,13 +1074,32 @@ def test_format_overlap_report():
     report = overlap_report(sink_dma_waits(two_copies))
     assert format_overlap_report(report) == "\n".join(
         [
-            "# DMA overlap: 2 transfers, 2 overlapping, 4 bindings of compute overlapped in total",
+            "# DMA overlap: 2 transfers, 2 overlapping, 4 bindings (not DMA builtins) overlapped in total",
             "#   two_copies: x -> a on queue 0, 2 bindings overlapped (wait inflight 1); "
             f"starts after {_defines('a')}; waited before {_reads('d')}",
             "#   two_copies: y -> b on queue 0, 2 bindings overlapped (wait inflight 0); "
             f"starts after {_defines('b')}; waited before {_reads('e')}",
         ]
     )
+
+
+@R.function(pure=False)
+def kernel_reading_dst(x: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
+    storage = _storage()
+    a = _alloc(storage, 0)
+    out = _alloc(storage, 64)
+    dma_copy(x, a)
+    dma_wait(x, a)
+    c = R.add(x, x)
+    k = R.call_packed("my.kernel", a, out)
+    return out
+
+
+def test_a_kernel_taking_dst_as_input_is_reported_as_reading_or_writing_it():
+    # A packed call may write any argument it gets: both are possible, and the report says so.
+    (transfer,) = overlap_report(sink_dma_waits(kernel_reading_dst))
+    assert transfer.overlapped == 2  # out's allocation and c
+    assert transfer.stopped_by == "`k = my.kernel` (reads or writes dst)"
 
 
 @R.function(pure=False)
@@ -1102,7 +1121,7 @@ def test_report_pairs_legacy_waits_by_order_and_shows_copies_without_a_wait():
         (0, "y", "b", None, None, False),
     ]
     assert format_overlap_report(report).splitlines() == [
-        "# DMA overlap: 2 transfers, 1 overlapping, 1 binding of compute overlapped in total",
+        "# DMA overlap: 2 transfers, 1 overlapping, 1 binding (not DMA builtins) overlapped in total",
         "#   unwaited_and_legacy: x -> a on queue 2, 1 binding overlapped (wait inflight 0, legacy wait); "
         "starts after `b = relax.vm.alloc_tensor`; waited before the copy y -> b",
         "#   unwaited_and_legacy: y -> b on queue 0, no wait in its block; starts after a legacy wait",

@@ -271,7 +271,10 @@ def test_a_rewriter_matching_its_own_output_does_not_converge_and_changes_nothin
             inner = builder.emit(inner)
         return _make(recipe.target, inner, *args[1:])
 
-    rewriter = again if recipe.form == 3 else (lambda orig, matchings: again(orig, matchings))
+    if recipe.form == 3:
+        rewriter = lambda orig, matchings, builder: again(orig, matchings, builder)  # noqa: E731
+    else:
+        rewriter = lambda orig, matchings: again(orig, matchings)  # noqa: E731
     before = Snapshot.of(func)
     _, accepted = expected_kinds(func, recipe)
     if accepted == 0:

@@ -6,13 +6,15 @@ import functools
 
 import pytest
 import tvm
-from tvm import relax
+import tvm_ffi
+from tvm import relax, topi
 from tvm.relax.dpl import is_op, wildcard
 from tvm.script import ir as I
 from tvm.script import relax as R
 from tvm.script import tirx as T
 
-from rewrite_ext import RewriteCall, RewriteError, rewrite_call
+from rewrite_ext import Decline, RewriteCall, RewriteError, Rule, apply_rules, rewrite_call
+from rewrite_ext.testing import assert_same_results
 from rewrite_ext.compat import OUT_TY, TY_ARGS, VOID_TY_ARGS, TensorType, TupleType, ty, var_name
 
 X, Y = wildcard(), wildcard()
@@ -575,6 +577,13 @@ def _three(orig, m, builder, scale=1):
     return relax.op.multiply(builder.emit(relax.op.negative(m[X])), m[Y])
 
 
+def _tvm_style_with_option(orig, m, verbose=False):
+    # Written for TVM's rewrite_call, which calls it with two arguments.
+    if verbose is not False:
+        raise AssertionError(f"verbose got {verbose!r}")
+    return relax.op.multiply(m[X], m[Y])
+
+
 @pytest.mark.parametrize(
     "rewriter, emits",
     [
@@ -584,11 +593,18 @@ def _three(orig, m, builder, scale=1):
         (_CallableRewriter(), True),
         (functools.partial(_three, scale=2), True),
         (lambda *args: relax.op.multiply(args[2].emit(relax.op.negative(args[1][X])), args[1][Y]), True),
+        (_tvm_style_with_option, False),
     ],
 )
 def test_rewriter_form_is_read_from_its_signature(rewriter, emits):
     out = rewrite_call(ADD, rewriter, add_chain, max_iterations=1)
     assert ("R.negative" in out.script()) == emits
+
+
+def test_an_optional_third_parameter_keeps_its_default_as_under_tvm():
+    ours = rewrite_call(ADD, _tvm_style_with_option, add_chain)
+    theirs = relax.dpl.rewrite_call(ADD, _tvm_style_with_option, add_chain)
+    assert tvm_ffi.structural_equal(ours, theirs)
 
 
 # -- modules and passes ---------------------------------------------------------------------
@@ -624,6 +640,56 @@ def test_module_target_rewrites_every_relax_function_and_keeps_the_rest():
     tvm.ir.assert_structural_equal(out["add_one"], Module["add_one"])
     assert Module.script() == before
     relax.analysis.well_formed(out)
+
+
+def _add_by_emit_te(orig, m, builder):
+    # A kernel of TE's, named like the module's own add_one to see that neither is lost.
+    return builder.emit_te(topi.add, m[X], m[Y], primfunc_name_hint="add_one")
+
+
+def _module_with_kernel() -> tvm.IRModule:
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", TensorType([4], "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            a = bb.emit_te(topi.exp, x, primfunc_name_hint="add_one")
+            b = bb.emit(relax.op.add(a, x))
+            c = bb.emit_output(relax.op.add(b, a))
+        bb.emit_func_output(c)
+    return bb.get()
+
+
+def test_kernels_a_rewriter_adds_with_emit_te_are_added_to_the_module():
+    mod = _module_with_kernel()
+    before = mod.script()
+    out = rewrite_call(ADD, _add_by_emit_te, mod)
+    relax.analysis.well_formed(out)
+    prim_funcs = {gv.name_hint for gv, f in out.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
+    assert len(prim_funcs) == 2 and "add_one" in prim_funcs  # the module's kernel and TE's, added once
+    tvm.ir.assert_structural_equal(out["add_one"], mod["add_one"])
+    assert "R.add" not in out.script() and out.script().count("R.call_tir") == 3
+    assert mod.script() == before
+    assert_same_results(mod, out)
+
+
+def test_a_kernel_added_for_a_declined_match_is_not_added_to_the_module():
+    def declines_after_emit_te(orig, m, builder):
+        builder.emit_te(topi.add, m[X], m[Y])
+        raise Decline("changed my mind")
+
+    out = rewrite_call(ADD, lambda o, m: relax.op.multiply(m[X], m[Y]), Module)
+    both = apply_rules([Rule(ADD, declines_after_emit_te), Rule(ADD, lambda o, m: relax.op.multiply(m[X], m[Y]))], Module)
+    tvm.ir.assert_structural_equal(both, out)
+
+
+def test_a_function_target_cannot_carry_a_kernel_added_with_emit_te():
+    before = Module["main"].script()
+    with pytest.raises(RewriteError) as info:
+        rewrite_call(ADD, _add_by_emit_te, Module["main"])
+    message = str(info.value)
+    assert "'main'" in message and "binding 'b'" in message and "relax.add" in message
+    assert "emit_te" in message and "IRModule" in message
+    assert Module["main"].script() == before
 
 
 def test_rewrite_call_pass_composes_in_sequential():

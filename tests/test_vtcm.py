@@ -165,6 +165,8 @@ def test_capacity_defaults_to_the_current_target_then_v68():
     assert vtcm_capacity() == 4 << 20
     with tvm.target.Target("qcom/hexagon-v73"):
         assert plan_vtcm(TINY).capacity == 8 << 20
+    with tvm.target.Target("llvm"):  # says nothing of VTCM
+        assert plan_vtcm(TINY).capacity == 4 << 20
 
 
 def test_capacity_errors_name_the_fix():
@@ -172,6 +174,8 @@ def test_capacity_errors_name_the_fix():
         vtcm_capacity("llvm")
     with pytest.raises(ValueError, match="bytes >= 0"):
         vtcm_capacity(-1)
+    with pytest.raises(TypeError, match="number of bytes .int., a Hexagon target or its name, got float 1.5"):
+        plan_vtcm(TINY, capacity=1.5)
     with pytest.raises(TypeError, match="needs the IRModule"):
         stage_in_vtcm(TINY["main"])
 

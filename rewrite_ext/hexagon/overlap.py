@@ -852,7 +852,7 @@ class TransferOverlap:
     src, dst : str
         The copy's source and destination (var names).
     overlapped : Optional[int]
-        Bindings of compute (not DMA builtins) between the ``dma_copy`` and
+        Bindings other than DMA builtins (allocations included) between the ``dma_copy`` and
         the wait that completes it; None when no wait of its block does.
     inflight : Optional[int]
         That wait's ``inflight_dma``.
@@ -895,7 +895,11 @@ def _what(rec: _Rec) -> str:
     op = type(value).__name__
     if isinstance(value, relax.Call):
         callee = value.op
-        op = callee.name if isinstance(callee, tvm.ir.Op) else getattr(callee, "name_hint", None) or _name(callee)
+        op = (
+            callee.name
+            if isinstance(callee, tvm.ir.Op)
+            else getattr(callee, "name_hint", None) or getattr(callee, "global_symbol", None) or _name(callee)
+        )
     return f"`{_name(rec.var)} = {op}`" if rec.var is not None else f"`{op}`"
 
 
@@ -905,9 +909,11 @@ def _why(rec: _Rec, src: tuple, dst: tuple, defines: tuple) -> str | None:
         return "defines " + ("src" if _same(rec.var, defines[0]) else "dst")
     if _may_alias(rec.writes, src):
         return "writes src"
+    reads = _may_alias(rec.reads, dst)
     if _may_alias(rec.writes, dst):
-        return "writes dst"
-    if _may_alias(rec.reads, dst):
+        # A kernel or packed call is taken to write every argument it may read.
+        return "reads or writes dst" if reads else "writes dst"
+    if reads:
         return "reads dst"
     return None
 
@@ -1033,7 +1039,7 @@ def format_overlap_report(report: list[TransferOverlap]) -> str:
         A header line (transfers, how many overlap compute, the total) and
         one line per transfer, e.g.::
 
-            # DMA overlap: 2 transfers, 1 overlapping, 3 bindings of compute overlapped in total
+            # DMA overlap: 2 transfers, 1 overlapping, 3 bindings (not DMA builtins) overlapped in total
             #   main: x -> a on queue 0, 3 bindings overlapped (wait inflight 1); starts after `a = relax.vm.alloc_tensor` (defines dst); waited before `d = relax.add` (reads dst)
 
         Lines start with ``#`` so the text can follow printed TVMScript.
@@ -1042,7 +1048,7 @@ def format_overlap_report(report: list[TransferOverlap]) -> str:
     total = sum(t.overlapped or 0 for t in report)
     lines = [
         f"# DMA overlap: {len(report)} transfer{'' if len(report) == 1 else 's'}, {overlapping} overlapping, "
-        f"{total} binding{'' if total == 1 else 's'} of compute overlapped in total"
+        f"{total} binding{'' if total == 1 else 's'} (not DMA builtins) overlapped in total"
     ]
     for t in report:
         queue = "?" if t.queue is None else str(t.queue)

@@ -89,7 +89,12 @@ def vtcm_capacity(target: int | str | tvm.target.Target | None = None) -> int:
     capacity : int
         The capacity in bytes.
     """
-    if isinstance(target, bool) or (isinstance(target, int) and target < 0):
+    if isinstance(target, bool) or not isinstance(target, (int, str, tvm.target.Target, type(None))):
+        raise TypeError(
+            "capacity must be a number of bytes (int), a Hexagon target or its name, "
+            f"got {type(target).__name__} {target!r}"
+        )
+    if isinstance(target, int) and target < 0:
         raise ValueError(f"capacity must be a number of bytes >= 0, got {target!r}")
     if isinstance(target, int):
         return target

@@ -119,6 +119,7 @@ def check_rewrite(
     sizes: Mapping[str, int] | None = None,
     rtol: float | None = None,
     atol: float | None = None,
+    entry: str | None = None,
 ) -> CheckReport:
     """Check the properties every rewrite by :func:`rewrite_ext.rewrite_call` should have.
 
@@ -147,8 +148,8 @@ def check_rewrite(
         Passed to ``rewrite_call``.
     run : bool
         Also build and run input and output and compare their results.  A
-        module runs its ``main``; pass ``run=False`` for a structural check
-        only (a module without ``main``, a rewrite meant to change results).
+        module runs its ``main`` (or ``entry``); pass ``run=False`` for a
+        structural check only (a rewrite meant to change results).
     inputs : sequence, optional
         One value per parameter of ``main``; by default seeded random inputs
         (:func:`rewrite_ext.testing.random_inputs` with ``seed`` and ``sizes``).
@@ -158,6 +159,10 @@ def check_rewrite(
         Values of symbolic shape variables for the default inputs.
     rtol, atol : float, optional
         Float tolerances; by default per dtype (see ``assert_same_results``).
+    entry : str, optional
+        The function to run instead of ``main``; by default ``main``, or the
+        module's only public Relax function (``forward`` of a module from
+        ``nn.Module.export_tvm``).
 
     Returns
     -------
@@ -207,13 +212,15 @@ def check_rewrite(
         )
     ran = run and not output.same_as(func)
     if ran:
-        _compare("check_rewrite", func, output, inputs, seed, sizes, rtol, atol)
+        _compare("check_rewrite", func, output, inputs, seed, sizes, rtol, atol, entry)
     return CheckReport(output, first.calls, first.rewrites, second.calls > 0, ran)
 
 
-def _compare(who: str, before, after, inputs, seed, sizes, rtol, atol) -> None:
+def _compare(who: str, before, after, inputs, seed, sizes, rtol, atol, entry) -> None:
     try:
-        assert_same_results(before, after, inputs=inputs, seed=seed, sizes=sizes, rtol=rtol, atol=atol)
+        assert_same_results(
+            before, after, inputs=inputs, seed=seed, sizes=sizes, rtol=rtol, atol=atol, entry=entry
+        )
     except ResultMismatch as exc:
         detail = str(exc).removeprefix("assert_same_results: ")
         raise RewriteCheckFailure(
@@ -231,6 +238,7 @@ def check_pass(
     sizes: Mapping[str, int] | None = None,
     rtol: float | None = None,
     atol: float | None = None,
+    entry: str | None = None,
 ) -> PassReport:
     """Check the properties every module pass should have, on ``mod``.
 
@@ -248,7 +256,7 @@ def check_pass(
         function from module to module.
     mod : tvm.IRModule
         The input.
-    run, inputs, seed, sizes, rtol, atol
+    run, inputs, seed, sizes, rtol, atol, entry
         As for :func:`check_rewrite`.
 
     Returns
@@ -279,6 +287,6 @@ def check_pass(
     changed = not _equal(output, mod)
     ran = run and changed
     if ran:
-        _compare(who, mod, output, inputs, seed, sizes, rtol, atol)
+        _compare(who, mod, output, inputs, seed, sizes, rtol, atol, entry)
     return PassReport(output, changed, ran)
 

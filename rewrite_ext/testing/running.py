@@ -78,11 +78,38 @@ def _as_module(program: relax.Function | tvm.IRModule) -> tvm.IRModule:
     return tvm.IRModule({"main": program.with_attr("global_symbol", "main")})
 
 
-def _main(mod: tvm.IRModule) -> relax.Function:
-    names = [gv.name_hint for gv in mod.get_global_vars()]
-    if "main" not in names:
-        raise ValueError(f"the module has no function 'main' to run (it has {', '.join(sorted(names))})")
-    return mod["main"]
+def _entry(mod: tvm.IRModule, entry: str | None = None) -> tuple[str, relax.Function]:
+    """The function to run: its name on the VM (its ``global_symbol``) and the function.
+
+    ``entry`` None: ``main``, else the module's only public Relax function
+    (``nn.Module.export_tvm`` names it ``forward``).
+    """
+    functions = {gv.name_hint: f for gv, f in mod.functions_items() if isinstance(f, relax.Function)}
+    public = sorted(name for name, f in functions.items() if _symbol(f) is not None)
+    if entry is None:
+        if "main" in functions:
+            entry = "main"
+        elif len(public) == 1:
+            entry = public[0]
+        else:
+            found = f"public Relax functions {', '.join(public)}" if public else (
+                f"no public Relax function (Relax functions: {', '.join(sorted(functions)) or 'none'})"
+            )
+            raise ValueError(f"the module has no function 'main' and {found}; pass entry='name' to choose")
+    elif entry not in functions:
+        raise ValueError(
+            f"the module has no Relax function '{entry}' to run "
+            f"(it has {', '.join(sorted(functions)) or 'none'})"
+        )
+    func = functions[entry]
+    # relax.build names a public function by its global_symbol, which IRModule({"main": f})
+    # leaves as f's own name.
+    return _symbol(func) or entry, func
+
+
+def _symbol(func: relax.Function) -> str | None:
+    symbol = func.attrs.get("global_symbol") if func.attrs is not None else None
+    return str(symbol) if symbol is not None else None
 
 
 def _has_if(func: relax.Function) -> bool:
@@ -193,6 +220,7 @@ def random_inputs(
     seed: int = 0,
     *,
     sizes: Mapping[str, int] | None = None,
+    entry: str | None = None,
 ) -> list[Any]:
     """Seeded random inputs for every parameter of ``program``'s ``main``.
 
@@ -211,13 +239,17 @@ def random_inputs(
         The seed of the numpy generator.
     sizes : Mapping[str, int], optional
         Values of symbolic shape variables by name.
+    entry : str, optional
+        The module's function to run instead of ``main``; by default
+        ``main``, or the module's only public Relax function (``forward``
+        of a module from ``nn.Module.export_tvm``).
 
     Returns
     -------
     inputs : list
         One input per parameter of ``main``, numpy arrays for tensors.
     """
-    func = _main(_as_module(program))
+    func = _entry(_as_module(program), entry)[1]
     rng = np.random.default_rng(seed)
     chosen = dict(sizes or {})
     for name in _symbols(func):
@@ -284,6 +316,7 @@ def run(
     seed: int = 0,
     sizes: Mapping[str, int] | None = None,
     dma: bool | None = None,
+    entry: str | None = None,
 ) -> list[Any]:
     """Build ``program`` for ``llvm`` and run its ``main`` on the VM.
 
@@ -304,6 +337,8 @@ def run(
     dma : bool, optional
         Run under :func:`rewrite_ext.hexagon.cpu_dma`; by default when the
         program calls a ``vm.builtin.hexagon.*`` builtin.
+    entry : str, optional
+        The function to run, as for :func:`random_inputs`.
 
     Returns
     -------
@@ -320,8 +355,9 @@ def run(
         offset), what to do.  A ``DMAError`` of the stand-in is raised as is.
     """
     mod = _as_module(program)
+    vm_name, _ = _entry(mod, entry)
     if inputs is None:
-        inputs = random_inputs(mod, seed, sizes=sizes)
+        inputs = random_inputs(mod, seed, sizes=sizes, entry=entry)
     from ..hexagon.cpu_dma import DMAError, calls_dma, cpu_dma
 
     try:
@@ -337,11 +373,11 @@ def run(
         try:
             # Made inside cpu_dma(): the VM binds the builtins when it is constructed.
             vm = relax.VirtualMachine(executable, tvm.cpu())
-            return _flatten(vm["main"](*[_vm_arg(x) for x in inputs]))
+            return _flatten(vm[vm_name](*[_vm_arg(x) for x in inputs]))
         except DMAError:
             raise
         except Exception as exc:  # noqa: BLE001
-            raise _run_error("running main on the VM", exc) from exc
+            raise _run_error(f"running {vm_name} on the VM", exc) from exc
 
 
 # ---------------------------------------------------------------------------
@@ -408,6 +444,7 @@ def assert_same_results(
     sizes: Mapping[str, int] | None = None,
     rtol: float | None = None,
     atol: float | None = None,
+    entry: str | None = None,
 ) -> Comparison:
     """Run two programs on the same inputs and assert every output agrees.
 
@@ -431,6 +468,8 @@ def assert_same_results(
     rtol, atol : float, optional
         Float tolerances; by default per dtype (``float32``: 1e-5 and 1e-5,
         ``float16``: 1e-2 and 1e-2).
+    entry : str, optional
+        The function of both to run, as for :func:`random_inputs`.
 
     Returns
     -------
@@ -448,17 +487,17 @@ def assert_same_results(
     """
     given = inputs is not None
     if inputs is None:
-        inputs = random_inputs(before, seed, sizes=sizes)
+        inputs = random_inputs(before, seed, sizes=sizes, entry=entry)
     inputs = list(inputs)
     from ..hexagon.cpu_dma import DMAError
 
     try:
-        got_before = run(before, inputs)
+        got_before = run(before, inputs, entry=entry)
     except (RunError, DMAError) as exc:
         raise RunError(f"assert_same_results: the first program (before) does not run: {exc}") from exc
     problem = None
     try:
-        got_after = run(after, inputs)
+        got_after = run(after, inputs, entry=entry)
     except (RunError, DMAError) as exc:
         # the first one ran: whatever broke the second broke the program
         problem = f"the second program (after) does not run, the first does: {exc}"
@@ -472,7 +511,7 @@ def assert_same_results(
                     problem = f"output {index} differs {difference}"
                     break
     if problem is not None:
-        params = _main(_as_module(before)).params
+        params = _entry(_as_module(before), entry)[1].params
         shown = "\n".join(f"  {var_name(p)}: {_describe(value)}" for p, value in zip(params, inputs))
         origin = "given" if given else f"random_inputs, seed {seed}"
         sizes_seen = _sizes_of(params, inputs)
