@@ -280,8 +280,25 @@ def test_check_pass_reports_an_ill_formed_output():
         stray = relax.Var("stray", TensorType((4,), "float32"))  # free: defined nowhere
         return tvm.IRModule({"main": relax.Function(f.params, relax.SeqExpr([], stray), ret_ty(f), True)})
 
-    with pytest.raises(RewriteCheckFailure, match="check_pass: output is well formed"):
+    with pytest.raises(RewriteCheckFailure, match="check_pass: output is well formed") as info:
         check_pass(break_it, tvm.IRModule({"main": func.with_attr("global_symbol", "main")}))
+    assert "--- output ---" in str(info.value) and "stray" in str(info.value)
+
+
+def test_a_module_keyed_by_another_name_than_its_global_symbol_is_checked_function_by_function():
+    # IRModule({"main": f}) keeps f's global_symbol "func": TVM rejects the module, before and
+    # after, so each function is judged alone, as rewrite_call judges it.
+    mod = tvm.IRModule({"main": func})
+    report = check_rewrite(ADD, add_to_subtract_of_negative, mod)
+    assert report.rewrites == 1 and report.ran
+
+    def break_it(m):
+        f = m["main"]
+        stray = relax.Var("stray", TensorType((4,), "float32"))
+        return tvm.IRModule({"main": relax.Function(f.params, relax.SeqExpr([], stray), ret_ty(f), True)})
+
+    with pytest.raises(RewriteCheckFailure, match="input module is not well formed either; its function 'main' alone"):
+        check_pass(break_it, mod)
 
 
 def test_running_a_module_without_main_names_the_fix():

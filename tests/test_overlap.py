@@ -1074,7 +1074,7 @@ def test_format_overlap_report():
     report = overlap_report(sink_dma_waits(two_copies))
     assert format_overlap_report(report) == "\n".join(
         [
-            "# DMA overlap: 2 transfers, 2 overlapping, 4 bindings (not DMA builtins) overlapped in total",
+            "# DMA overlap: 2 transfers; 2 overlap other bindings, 4 bindings (not DMA builtins) in all",
             "#   two_copies: x -> a on queue 0, 2 bindings overlapped (wait inflight 1); "
             f"starts after {_defines('a')}; waited before {_reads('d')}",
             "#   two_copies: y -> b on queue 0, 2 bindings overlapped (wait inflight 0); "
@@ -1103,6 +1103,24 @@ def test_a_kernel_taking_dst_as_input_is_reported_as_reading_or_writing_it():
 
 
 @R.function(pure=False)
+def chained_copies(x: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
+    storage = _storage()
+    a = _alloc(storage, 0)
+    b = _alloc(storage, 64)
+    dma_copy(x, a)
+    dma_wait(x, a)
+    dma_copy(a, b)
+    dma_wait(a, b)
+    return b
+
+
+def test_a_transfer_bounded_by_another_transfer_says_how_they_conflict():
+    first, second = overlap_report(chained_copies)
+    assert first.stopped_by == "the copy a -> b (reads dst)"
+    assert second.starts_after == "the wait for x -> a (writes src)"
+
+
+@R.function(pure=False)
 def unwaited_and_legacy(x: R.Tensor((16,), "float32"), y: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
     storage = _storage()
     a = _alloc(storage, 0)
@@ -1121,7 +1139,7 @@ def test_report_pairs_legacy_waits_by_order_and_shows_copies_without_a_wait():
         (0, "y", "b", None, None, False),
     ]
     assert format_overlap_report(report).splitlines() == [
-        "# DMA overlap: 2 transfers, 1 overlapping, 1 binding (not DMA builtins) overlapped in total",
+        "# DMA overlap: 2 transfers; 1 overlap other bindings, 1 binding (not DMA builtins) in all",
         "#   unwaited_and_legacy: x -> a on queue 2, 1 binding overlapped (wait inflight 0, legacy wait); "
         "starts after `b = relax.vm.alloc_tensor`; waited before the copy y -> b",
         "#   unwaited_and_legacy: y -> b on queue 0, no wait in its block; starts after a legacy wait",

@@ -176,6 +176,9 @@ def test_capacity_errors_name_the_fix():
         vtcm_capacity(-1)
     with pytest.raises(TypeError, match="number of bytes .int., a Hexagon target or its name, got float 1.5"):
         plan_vtcm(TINY, capacity=1.5)
+    with pytest.raises(ValueError, match="capacity '36000' is not a target TVM knows"):
+        plan_vtcm(TINY, capacity="36000")
+    assert plan_vtcm(TINY, capacity=np.int64(36000)).capacity == 36000
     with pytest.raises(TypeError, match="needs the IRModule"):
         stage_in_vtcm(TINY["main"])
 

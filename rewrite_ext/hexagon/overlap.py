@@ -903,14 +903,23 @@ def _what(rec: _Rec) -> str:
     return f"`{_name(rec.var)} = {op}`" if rec.var is not None else f"`{op}`"
 
 
-def _why(rec: _Rec, src: tuple, dst: tuple, defines: tuple) -> str | None:
-    """How ``rec`` conflicts with a transfer of ``src -> dst``, None when it does not."""
+def _why(rec: _Rec, src: tuple, dst: tuple, defines: tuple, leaf) -> str | None:
+    """How ``rec`` conflicts with a transfer of ``src -> dst``, None when it does not.
+
+    Another transfer's copy or wait counts as that transfer: it reads its
+    src and writes its dst.
+    """
     if rec.var is not None and any(_same(rec.var, d) for d in defines):
         return "defines " + ("src" if _same(rec.var, defines[0]) else "dst")
-    if _may_alias(rec.writes, src):
+    writes, read = rec.writes, rec.reads
+    if rec.kind in ("copy", "wait"):
+        if rec.dma.src is None:
+            return None  # a legacy wait names no buffers
+        read, writes = leaf(rec.dma.src), leaf(rec.dma.dst)
+    if _may_alias(writes, src):
         return "writes src"
-    reads = _may_alias(rec.reads, dst)
-    if _may_alias(rec.writes, dst):
+    reads = _may_alias(read, dst)
+    if _may_alias(writes, dst):
         # A kernel or packed call is taken to write every argument it may read.
         return "reads or writes dst" if reads else "writes dst"
     if reads:
@@ -943,7 +952,7 @@ def _block_report(function: str, recs: list[_Rec], leaf) -> list[TransferOverlap
         starts = "the start of its block"
         if before >= 0:
             prev = recs[before]
-            why = _why(prev, src_fact, dst_fact, (src, dst)) if prev.kind != "wait" else None
+            why = _why(prev, src_fact, dst_fact, (src, dst), leaf)
             starts = _what(prev) + (f" ({why})" if why else "")
         wait_position, wait = covered.get(position, (None, None))
         stopped = "no wait in its block"
@@ -955,7 +964,7 @@ def _block_report(function: str, recs: list[_Rec], leaf) -> list[TransferOverlap
             if after == len(recs):
                 stopped = "the end of its block"
             else:
-                why = _why(recs[after], src_fact, dst_fact, ()) if recs[after].kind != "wait" else None
+                why = _why(recs[after], src_fact, dst_fact, (), leaf)
                 if why is None and later:
                     why = f"waits with a later transfer of queue {copy.queue}"
                 stopped = _what(recs[after]) + (f" ({why})" if why else "")
@@ -1039,7 +1048,7 @@ def format_overlap_report(report: list[TransferOverlap]) -> str:
         A header line (transfers, how many overlap compute, the total) and
         one line per transfer, e.g.::
 
-            # DMA overlap: 2 transfers, 1 overlapping, 3 bindings (not DMA builtins) overlapped in total
+            # DMA overlap: 2 transfers; 1 overlap other bindings, 3 bindings (not DMA builtins) in all
             #   main: x -> a on queue 0, 3 bindings overlapped (wait inflight 1); starts after `a = relax.vm.alloc_tensor` (defines dst); waited before `d = relax.add` (reads dst)
 
         Lines start with ``#`` so the text can follow printed TVMScript.
@@ -1047,8 +1056,8 @@ def format_overlap_report(report: list[TransferOverlap]) -> str:
     overlapping = sum(1 for t in report if t.overlapped)
     total = sum(t.overlapped or 0 for t in report)
     lines = [
-        f"# DMA overlap: {len(report)} transfer{'' if len(report) == 1 else 's'}, {overlapping} overlapping, "
-        f"{total} binding{'' if total == 1 else 's'} (not DMA builtins) overlapped in total"
+        f"# DMA overlap: {len(report)} transfer{'' if len(report) == 1 else 's'}; {overlapping} overlap other "
+        f"bindings, {total} binding{'' if total == 1 else 's'} (not DMA builtins) in all"
     ]
     for t in report:
         queue = "?" if t.queue is None else str(t.queue)

@@ -30,6 +30,7 @@ knows no ``global.vtcm`` scope.
 
 from __future__ import annotations
 
+import numbers
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -89,20 +90,26 @@ def vtcm_capacity(target: int | str | tvm.target.Target | None = None) -> int:
     capacity : int
         The capacity in bytes.
     """
-    if isinstance(target, bool) or not isinstance(target, (int, str, tvm.target.Target, type(None))):
+    if isinstance(target, numbers.Integral) and not isinstance(target, bool):
+        if target < 0:
+            raise ValueError(f"capacity must be a number of bytes >= 0, got {target!r}")
+        return int(target)  # numpy's integers too
+    if not isinstance(target, (str, tvm.target.Target, type(None))):
         raise TypeError(
             "capacity must be a number of bytes (int), a Hexagon target or its name, "
             f"got {type(target).__name__} {target!r}"
         )
-    if isinstance(target, int) and target < 0:
-        raise ValueError(f"capacity must be a number of bytes >= 0, got {target!r}")
-    if isinstance(target, int):
-        return target
     if target is None:
         current = tvm.target.Target.current(allow_none=True)
         target = current if current is not None and "vtcm-capacity" in current.attrs else DEFAULT_TARGET
     if isinstance(target, str):
-        target = tvm.target.Target(target)
+        try:
+            target = tvm.target.Target(target)
+        except Exception as exc:  # noqa: BLE001 - TVM's own error types
+            raise ValueError(
+                f"capacity {target!r} is not a target TVM knows ({exc}); pass a Hexagon target "
+                f"such as '{DEFAULT_TARGET}', or the bytes as an int"
+            ) from exc
     capacity = target.attrs.get("vtcm-capacity")
     if capacity is None:
         raise ValueError(

@@ -19,6 +19,7 @@ from tvm import relax
 from tvm.relax.dpl import DFPattern
 
 from ..rewrite import rewrite_call
+from .._wellformed import full_check
 from ..rule import Rewriter, _takes_builder
 from .running import ResultMismatch, assert_same_results
 
@@ -93,14 +94,38 @@ def _script(obj: relax.Function | tvm.IRModule) -> str:
     return obj.script(show_meta=False)
 
 
-def _fail(prop: str, detail: str, before: str, after: str | None = None, who: str = "check_rewrite") -> None:
+def _fail(
+    prop: str, detail: str, before: str, after: str | None = None, who: str = "check_rewrite", shown: str = "input"
+) -> None:
     report = [f"{who}: {prop}", detail]
     if after is None:
-        report += ["--- input ---", before]
+        report += [f"--- {shown} ---", before]
     else:
         diff = difflib.unified_diff(before.splitlines(), after.splitlines(), "expected", "got", lineterm="")
         report += ["--- diff ---", *diff]
     raise RewriteCheckFailure("\n".join(report))
+
+
+def _ill_formed(before: relax.Function | tvm.IRModule, output: relax.Function | tvm.IRModule) -> str | None:
+    """TVM's verdict against ``output``, None when it is well formed.
+
+    A module TVM rejects before the rewrite too (``IRModule({"main": f})``
+    keeps ``f``'s ``global_symbol``) has each Relax function checked alone
+    and its GlobalVars against the module's, as ``rewrite_call`` checks it.
+    """
+    verdict = full_check(output)
+    if verdict is None or not isinstance(output, tvm.IRModule) or full_check(before) is None:
+        return verdict
+    defined = {hash(gvar) for gvar in output.get_global_vars()}
+    for gvar, func in output.functions_items():
+        if isinstance(func, relax.Function):
+            alone = full_check(func)
+            missing = [g.name_hint for g in relax.analysis.all_global_vars(func) if hash(g) not in defined]
+            if alone is None and missing:
+                alone = f"GlobalVar {missing[0]} is not defined."
+            if alone is not None:
+                return f"(the input module is not well formed either; its function '{gvar.name_hint}' alone:) {alone}"
+    return None
 
 
 def _equal(a: Any, b: Any) -> bool:
@@ -185,10 +210,9 @@ def check_rewrite(
     first = _Counting(rewriter)
     output = rewrite_call(pattern, first.wrapped(), func, max_iterations=max_iterations)
 
-    try:
-        relax.analysis.well_formed(output)
-    except Exception as exc:  # noqa: BLE001
-        _fail("output is well formed", f"relax.analysis.well_formed: {exc}", _script(output))
+    verdict = _ill_formed(func, output)
+    if verdict is not None:
+        _fail("output is well formed", f"relax.analysis.well_formed: {verdict}", _script(output), shown="output")
     if tvm_ffi.structural_hash(func) != before_hash or _script(func) != before:
         _fail("input is unchanged", "the input changed during the rewrite", before, _script(func))
     again = rewrite_call(pattern, rewriter, func, max_iterations=max_iterations)
@@ -275,10 +299,9 @@ def check_pass(
     before_hash = tvm_ffi.structural_hash(mod)
     before = _script(mod)
     output = pass_(mod)
-    try:
-        relax.analysis.well_formed(output)
-    except Exception as exc:  # noqa: BLE001
-        _fail("output is well formed", f"relax.analysis.well_formed: {exc}", _script(output), who=who)
+    verdict = _ill_formed(mod, output)
+    if verdict is not None:
+        _fail("output is well formed", f"relax.analysis.well_formed: {verdict}", _script(output), who=who, shown="output")
     if tvm_ffi.structural_hash(mod) != before_hash or _script(mod) != before:
         _fail("input is unchanged", "the input changed during the pass", before, _script(mod), who=who)
     again = pass_(mod)
