@@ -18,7 +18,7 @@ from tvm import relax
 from . import _cleanup, _ir
 from ._builder import RewriterBuilder
 from ._walker import NAMES_SHOWN, FunctionPass, RuleSet
-from ._wellformed import Verdict
+from ._wellformed import Verdict, check_alone
 from .compat import ret_ty
 from .errors import RewriteError
 from .report import Recorder, RewriteReport
@@ -71,7 +71,7 @@ def apply(
                     functions[gvar] = new_func
                     changed.append(gvar.name_hint)
         if changed:
-            functions.update(_added_functions(builder, target, [functions[g] for g in functions]))
+            functions.update(_added_functions(builder, target, list(functions.values())))
         new_mod = tvm.IRModule(functions, attrs=target.attrs, global_infos=target.global_infos)
         if changed:
             _check_signatures(target, new_mod, changed)
@@ -157,7 +157,7 @@ def _refuse_added(
 ) -> None:
     """A rewritten relax.Function cannot carry the functions its rewriters added."""
     names = [gvar.name_hint for gvar in added]
-    culprit = check.culprit(" ".join(f"GlobalVar {n} is not defined." for n in names))
+    culprit = check.culprit_of(set(names))
     where = f"function '{name}', pattern {rules.description}"
     if culprit is not None:
         where = f"function '{culprit.function}', binding '{culprit.binding}', pattern {culprit.rule}"
@@ -214,20 +214,11 @@ def _verify(
         # A module ill formed before the rewrite (IRModule({"main": f}) with f's global_symbol
         # another name, say) says nothing of the rewrite: each rewritten function is judged
         # alone, and its GlobalVars against the module's.
-        said_by = "relax.analysis.well_formed of the function alone says"
-        defined = {hash(gvar) for gvar in obj.get_global_vars()}
-        for name in names:
-            verdict = check.check(obj[name])
-            if verdict is None:
-                missing = [g for g in relax.analysis.all_global_vars(obj[name]) if hash(g) not in defined]
-                if missing:
-                    said_by = "checked against the module's GlobalVars"
-                    verdict = f"GlobalVar {missing[0].name_hint} is not defined."
-            if verdict is not None:
-                input_verdict = check.check(original[name])
-                break
-        else:
+        found = check_alone(obj, names, typed=bool(check.typed_reasons))
+        if found is None:
             return
+        name, verdict, said_by = found
+        input_verdict = check.check(original[name])
     culprit = check.culprit(verdict)
     where = f"function '{', '.join(names)}', pattern {rules.description}"
     if culprit is not None:

@@ -133,7 +133,8 @@ class FunctionPass(PyExprMutator):
     """One rewriting pass of ``rules`` over one function.
 
     ``builder`` is shared by the passes of one rewrite: what rewriters add to
-    its module (``emit_te``'s kernels) is added to the result.  ``kept`` holds ``(rule index, hash(value))`` of each binding a rule kept
+    its module (``emit_te``'s kernels) is added to the result.  ``kept``
+    holds ``(rule index, hash(value))`` of each binding a rule kept
     (returned ``orig`` after emitting): that rule is not offered the binding
     again, in this pass or a later one.  The value, not the var, names the
     binding: TVM's cleanups may rename the var, never rebuild the value.

@@ -84,10 +84,13 @@ class Verdict:
         """The first match that defined (for a var "defined more than once") or read a var the
         message ``verdict`` names; a name several vars share goes to the first match using one.
         """
-        names = set(_NAMED_VAR.findall(verdict))
+        return self.culprit_of(set(_NAMED_VAR.findall(verdict)), "more than once" in verdict)
+
+    def culprit_of(self, names: set[str], defined: bool = False) -> Culprit | None:
+        """The first match that defined (``defined``) or else read a var of one of ``names``."""
         if not names:
             return None
-        if "more than once" in verdict:
+        if defined:
             for function, binding, rule, emitted, _ in self.matches:
                 for extra in emitted:
                     name = _ir.var_name(extra.var)
@@ -101,6 +104,25 @@ class Verdict:
                         is_global = type(var) is relax.GlobalVar
                         return Culprit(function, _ir.var_name(binding.var), rule, name, False, is_global)
         return None
+
+
+def check_alone(mod: tvm.IRModule, names: list[str], typed: bool = True) -> tuple[str, str, str] | None:
+    """The first function of ``names`` TVM rejects on its own, or that calls a GlobalVar ``mod``
+    does not define: (its name, the verdict, who says it); None when there is none.
+
+    For a module TVM rejects as a whole already (``IRModule({"main": f})``
+    with ``f``'s ``global_symbol`` another name): its functions can still be judged.
+    """
+    defined = {hash(gvar) for gvar in mod.get_global_vars()}
+    for name in names:
+        func = mod[name]
+        verdict = full_check(func, typed)
+        if verdict is not None:
+            return name, verdict, "relax.analysis.well_formed of the function alone says"
+        missing = [g.name_hint for g in relax.analysis.all_global_vars(func) if hash(g) not in defined]
+        if missing:
+            return name, f"GlobalVar {missing[0]} is not defined.", "checked against the module's GlobalVars"
+    return None
 
 
 def reads(value: relax.Expr) -> list[relax.Var | relax.GlobalVar]:

@@ -911,20 +911,18 @@ def _why(rec: _Rec, src: tuple, dst: tuple, defines: tuple, leaf) -> str | None:
     """
     if rec.var is not None and any(_same(rec.var, d) for d in defines):
         return "defines " + ("src" if _same(rec.var, defines[0]) else "dst")
-    writes, read = rec.writes, rec.reads
+    read_regions, written_regions = rec.reads, rec.writes
     if rec.kind in ("copy", "wait"):
         if rec.dma.src is None:
             return None  # a legacy wait names no buffers
-        read, writes = leaf(rec.dma.src), leaf(rec.dma.dst)
-    if _may_alias(writes, src):
+        read_regions, written_regions = leaf(rec.dma.src), leaf(rec.dma.dst)
+    if _may_alias(written_regions, src):
         return "writes src"
-    reads = _may_alias(read, dst)
-    if _may_alias(writes, dst):
+    reads_dst = _may_alias(read_regions, dst)
+    if _may_alias(written_regions, dst):
         # A kernel or packed call is taken to write every argument it may read.
-        return "reads or writes dst" if reads else "writes dst"
-    if reads:
-        return "reads dst"
-    return None
+        return "reads or writes dst" if reads_dst else "writes dst"
+    return "reads dst" if reads_dst else None
 
 
 def _block_report(function: str, recs: list[_Rec], leaf) -> list[TransferOverlap]:

@@ -19,7 +19,7 @@ from tvm import relax
 from tvm.relax.dpl import DFPattern
 
 from ..rewrite import rewrite_call
-from .._wellformed import full_check
+from .._wellformed import check_alone, full_check
 from ..rule import Rewriter, _takes_builder
 from .running import ResultMismatch, assert_same_results
 
@@ -116,16 +116,12 @@ def _ill_formed(before: relax.Function | tvm.IRModule, output: relax.Function | 
     verdict = full_check(output)
     if verdict is None or not isinstance(output, tvm.IRModule) or full_check(before) is None:
         return verdict
-    defined = {hash(gvar) for gvar in output.get_global_vars()}
-    for gvar, func in output.functions_items():
-        if isinstance(func, relax.Function):
-            alone = full_check(func)
-            missing = [g.name_hint for g in relax.analysis.all_global_vars(func) if hash(g) not in defined]
-            if alone is None and missing:
-                alone = f"GlobalVar {missing[0]} is not defined."
-            if alone is not None:
-                return f"(the input module is not well formed either; its function '{gvar.name_hint}' alone:) {alone}"
-    return None
+    names = [gvar.name_hint for gvar, func in output.functions_items() if isinstance(func, relax.Function)]
+    found = check_alone(output, names)
+    if found is None:
+        return None
+    name, verdict, _ = found
+    return f"(the input module is not well formed either; its function '{name}' alone:) {verdict}"
 
 
 def _equal(a: Any, b: Any) -> bool:
