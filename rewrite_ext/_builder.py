@@ -1,7 +1,9 @@
 """The BlockBuilder a rewriter receives: TVM's own, with two guards.
 
-While a rewriter runs, the builder's frame is the one the traversal opened
-for that match, so everything emitted can be checked before it lands.
+While a rewriter runs, what it emits goes to a frame of its own, opened
+at its first emit, so everything emitted can be checked (and dropped with
+a declined match) before it lands.  A rewriter that emits nothing, the
+common 1:1 case, costs no frame.
 Opening or closing frames or scopes would tear the traversal's frames
 apart (an ``end_scope`` there ends in a segmentation fault), so those
 calls raise instead.  And an expression the rewriter emits or returns that
@@ -46,39 +48,71 @@ class RewriterBuilder(relax.BlockBuilder):
         """True while a rewriter runs."""
         self.raw_emits = False
         """Set when the rewriter called ``emit_normalized`` (reset for each rewriter call)."""
+        self.opened = False
+        """True once the rewriter's frame is open."""
+        self._dataflow = False
+
+    # The traversal's side: lend the builder to one rewriter call, then take it back.
+    def lend(self, is_dataflow: bool, bound: dict[int, relax.Var] | None) -> None:
+        """Hand the builder to a rewriter; its frame opens at its first emit."""
+        self.lent, self.bound, self.raw_emits = True, bound, False
+        self.opened, self._dataflow = False, is_dataflow
+
+    def open_frame(self) -> None:
+        """Open the rewriter's frame, if not yet open."""
+        if not self.opened:
+            self.opened = True
+            self.begin_frame(self._dataflow)
+
+    def reclaim(self) -> list[relax.Binding]:
+        """Take the builder back: the bindings emitted in the rewriter's frame."""
+        self.lent, self.bound = False, None
+        if not self.opened:
+            return []
+        self.opened = False
+        return _ir.elements(self.end_frame().bindings)
 
     # The traversal's own frame handling: the guarded methods, unguarded.
     def begin_frame(self, is_dataflow: bool) -> None:
         if is_dataflow:
-            relax.BlockBuilder._begin_dataflow_block(self)
+            _ir.begin_dataflow_block(self)
         else:
-            relax.BlockBuilder._begin_binding_block(self)
+            _ir.begin_binding_block(self)
 
     def end_frame(self) -> relax.BindingBlock:
-        return relax.BlockBuilder._end_block(self)
+        return _ir.end_block(self)
 
     def use_vars(self, expr: relax.Expr) -> relax.Expr:
         """``expr`` with every value bound earlier (the very object) replaced by its var."""
         return expr if not self.bound else _ir.replace_bound(expr, self.bound)
 
     def emit(self, expr: relax.Expr, name_hint: str = "") -> relax.Var:  # noqa: D102
+        if self.lent:
+            self.open_frame()
         return super().emit(self.use_vars(expr), name_hint)
 
     def match_cast(self, value: relax.Expr, ty: Any, name_hint: str = "") -> relax.Var:  # noqa: D102
+        if self.lent:
+            self.open_frame()
         return super().match_cast(self.use_vars(value), ty, name_hint)
 
     def emit_output(self, output: Any, name_hint: str = "") -> relax.Var:  # noqa: D102
+        if self.lent:
+            self.open_frame()
         if isinstance(output, relax.Expr):
             output = self.use_vars(output)
         return super().emit_output(output, name_hint)
 
     def normalize(self, expr: relax.Expr) -> relax.Expr:  # noqa: D102
+        if self.lent:
+            self.open_frame()  # normalizing a nested value emits its parts
         return super().normalize(self.use_vars(expr))
 
     def emit_normalized(self, binding: relax.Binding) -> None:  # noqa: D102
         # A binding built by hand may re-bind a var defined elsewhere: only the full
         # well-formedness check can tell, so the traversal is told to run it.
         if self.lent:
+            self.open_frame()
             self.raw_emits = True
         super().emit_normalized(binding)
 

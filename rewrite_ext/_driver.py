@@ -118,6 +118,8 @@ def _rewrite_function(
         else:
             current = result.func
             interior.extend(result.interior)
+            if not result.may_rematch:
+                break  # nothing it made can match: a confirming pass would change nothing
     if recorder is not None:
         recorder.passes(name, count + 1)
     if interior:

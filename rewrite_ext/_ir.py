@@ -78,6 +78,13 @@ def _holding_the_gil(name: str) -> tvm_ffi.Function:
 _ARRAY_GET_ITEM = _holding_the_gil("ffi.ArrayGetItem")
 emit_normalized = _holding_the_gil("relax.BlockBuilderEmitNormalized")
 """``builder.emit_normalized(binding)`` as ``emit_normalized(builder, binding)``."""
+extract_matched_expr = _holding_the_gil("relax.dpl.extract_matched_expr")
+"""``pattern.extract_matched_expr(expr, var2val)`` as ``extract_matched_expr(pattern, expr, var2val)``."""
+normalize = _holding_the_gil("relax.BlockBuilderNormalize")
+"""``relax.BlockBuilder.normalize(builder, expr)`` as ``normalize(builder, expr)``."""
+begin_dataflow_block = _holding_the_gil("relax.BlockBuilderBeginDataflowBlock")
+begin_binding_block = _holding_the_gil("relax.BlockBuilderBeginBindingBlock")
+end_block = _holding_the_gil("relax.BlockBuilderEndBlock")
 
 _CHUNK = 512
 
@@ -132,6 +139,32 @@ def replace_bound(expr: relax.Expr, bound: dict[int, relax.Var]) -> relax.Expr:
     return expr
 
 
+def bindings_normalize_emitted(
+    builder: relax.BlockBuilder, before: relax.Expr, after: relax.Expr
+) -> list[relax.Binding]:
+    """The bindings that normalizing ``before`` into ``after`` emitted (its nested parts).
+
+    They are the vars ``after`` reads and ``before`` did not, and, through
+    the builder's bindings, the new vars their values read; in the order
+    they were emitted.
+    """
+    known = {hash(var) for var in relax.analysis.free_vars(before)}
+    found: list[relax.Binding] = []
+
+    def collect(expr: relax.Expr) -> None:
+        for var in relax.analysis.free_vars(expr):
+            if hash(var) in known:
+                continue
+            known.add(hash(var))
+            value = builder.lookup_binding(var)
+            if value is not None:
+                collect(value)
+                found.append(relax.VarBinding(var, value))
+
+    collect(after)
+    return found
+
+
 _OP_IS_PURE: dict[int, bool] = {}
 _CONTAINS_IMPURE = relax.analysis.contains_impure_call
 
@@ -144,7 +177,7 @@ def is_impure(value: relax.Expr) -> bool:
     """
     if type(value) is relax.Call:
         op = value.op
-        if isinstance(op, tvm.ir.Op):
+        if type(op) is _OP:
             key = hash(op)
             pure = _OP_IS_PURE.get(key)
             if pure is None:
@@ -157,6 +190,7 @@ def is_impure(value: relax.Expr) -> bool:
 
 
 _LEAVES = (relax.Var, Constant)
+_OP = tvm.ir.Op
 
 
 def checks_purity(func: relax.Function) -> bool:

@@ -110,6 +110,8 @@ class PassResult:
     """The first ``NAMES_SHOWN`` of those bindings' vars, for messages."""
     interior: list[relax.Var] = field(default_factory=list)
     """Pure bindings seen through by a match, to drop if nothing reads them any more."""
+    may_rematch: bool = False
+    """Whether a binding may match now that did not in this pass, so another pass must look."""
 
 
 @dataclass
@@ -167,6 +169,10 @@ class FunctionPass(PyExprMutator):
         """The latest binding whose var was re-typed, and the rule that rewrote it."""
         self.error: BaseException | None = None
         self._used: set[relax.Var] | None = None
+        # A binding this pass did not match can match in the next only through what the pass
+        # made: a new value a rule may match, a re-typed var, a kept binding (another rule may
+        # take it), or any binding at all when a rule sees through bindings or matches any value.
+        self.may_rematch = rules.sees_through or bool(rules.any_value)
 
     def run(self, func: relax.Function) -> PassResult:
         self.result = PassResult(func)
@@ -182,6 +188,7 @@ class FunctionPass(PyExprMutator):
             raise
         if self.result.changes:
             self.result.func = new_func
+            self.result.may_rematch = self.may_rematch
         return self.result
 
     # -- traversal -------------------------------------------------------------------------
@@ -279,7 +286,7 @@ class FunctionPass(PyExprMutator):
             if block.lookup and rule.lookup_depth != 0:
                 reachable = _reachable(value, block.lookup, rule.lookup_depth)
             for alternative, enclosing in rule.alternatives:
-                matched = alternative.extract_matched_expr(value, reachable)
+                matched = _ir.extract_matched_expr(alternative, value, reachable)
                 if matched is None:
                     continue
                 if self._apply(index, rule, binding, value, matched, enclosing, reachable, block):
@@ -309,7 +316,9 @@ class FunctionPass(PyExprMutator):
         recorder = self.recorder
         if recorder is not None:
             recorder.offered(rule)
-        emitted, new_value, reason = self._call_rewriter(rule, binding, value, matchings, bound, block)
+        emitted, landed, new_value, reason = self._call_rewriter(
+            rule, binding, value, matchings, bound, block
+        )
         keep = reason is None and (new_value.same_as(value) or _equal_rebuild(new_value, value))
         if keep and not emitted:
             reason = "no change"
@@ -317,7 +326,10 @@ class FunctionPass(PyExprMutator):
             if recorder is not None:
                 recorder.declined(rule, self._scope_name(), binding, reason)
             return False
-        self._check(rule, binding, emitted, None if keep else new_value, block)
+        new = emitted + landed if landed else emitted
+        self._check(rule, binding, new, None if keep else new_value, block)
+        if not self.may_rematch:
+            self.may_rematch = keep or self._may_match(new, None if keep else new_value)
         self.suspended += 1
         try:
             for extra in emitted:
@@ -338,7 +350,7 @@ class FunctionPass(PyExprMutator):
         if recorder is not None:
             recorder.done(rule, self._scope_name(), binding, keep)
         if block.lookup is not None and (
-            _ir.is_impure(value) or any(_ir.is_impure(extra.value) for extra in emitted)
+            _ir.is_impure(value) or any(_ir.is_impure(extra.value) for extra in new)
         ):
             block.lookup.clear()
         result = self.result
@@ -355,12 +367,18 @@ class FunctionPass(PyExprMutator):
         matchings: Mapping[DFPattern, relax.Expr],
         bound: dict[int, relax.Var] | None,
         block: _Block,
-    ) -> tuple[list[relax.Binding], relax.Expr | None, str | None]:
-        """Run the rewriter in a frame of its own: (emitted, new value, reason if declined)."""
+    ) -> tuple[list[relax.Binding], list[relax.Binding], relax.Expr | None, str | None]:
+        """Run the rewriter: (emitted, landed, new value, reason if declined).
+
+        What it emits goes to its own frame (``emitted``, to re-emit).  The
+        value it returns is normalized in that frame if open, else straight
+        into the block, where the parts of a nested value then land before
+        the binding (``landed``, already emitted, only to check).
+        """
         builder = self.builder_
-        builder.begin_frame(block.is_dataflow)
-        builder.lent, builder.bound, builder.raw_emits = True, bound, False
+        builder.lend(block.is_dataflow, bound)
         reason = None
+        landed: list[relax.Binding] = []
         try:
             try:
                 if rule.takes_builder:
@@ -374,18 +392,22 @@ class FunctionPass(PyExprMutator):
             except Exception as exc:  # noqa: BLE001 - any failure of user code is reported
                 self._fail(binding, rule, f"the rewriter raised {type(exc).__name__}: {exc}", exc)
             if _ir.is_expr(new_value) and not new_value.same_as(value):
-                # Normalized in the rewriter's frame: nested values it binds count as emitted.
                 if bound:
                     new_value = _ir.replace_bound(new_value, bound)
+                if self.remapped:
+                    builder.open_frame()  # its parts must go through the var remap too
+                in_frame = builder.opened
                 try:
-                    new_value = relax.BlockBuilder.normalize(builder, new_value)
+                    normalized = _ir.normalize(builder, new_value)
                 except Exception as exc:  # noqa: BLE001 - TVM's type inference errors
                     self._fail(
                         binding, rule, f"the rewriter returned an expression TVM cannot normalize: {exc}", exc
                     )
+                if not in_frame and not normalized.same_as(new_value):
+                    landed = _ir.bindings_normalize_emitted(builder, new_value, normalized)
+                new_value = normalized
         finally:
-            builder.lent, builder.bound = False, None
-            emitted = _ir.elements(builder.end_frame().bindings)
+            emitted = builder.reclaim()
         if builder.raw_emits:
             names = ", ".join(f"'{_ir.var_name(extra.var)}'" for extra in emitted)
             self.check.defer(
@@ -393,7 +415,7 @@ class FunctionPass(PyExprMutator):
                 f"(emitted: {names})"
             )
         if reason is not None:
-            return [], None, reason  # what it emitted is dropped with the match
+            return [], [], None, reason  # what it emitted is dropped with the match
         if new_value is None:
             if emitted:
                 self._fail(
@@ -403,7 +425,7 @@ class FunctionPass(PyExprMutator):
                     "return the replacement expression, return orig to keep the binding with "
                     "the emitted ones before it, or raise Decline to drop them",
                 )
-            return [], None, "returned None"
+            return [], [], None, "returned None"
         if not _ir.is_expr(new_value):
             self._fail(
                 binding,
@@ -411,7 +433,7 @@ class FunctionPass(PyExprMutator):
                 f"the rewriter returned a {type(new_value).__name__}, not a relax.Expr "
                 "(return a relax expression, or None to decline)",
             )
-        return emitted, new_value, None
+        return emitted, landed, new_value, None
 
     # -- checks ----------------------------------------------------------------------------
 
@@ -424,7 +446,8 @@ class FunctionPass(PyExprMutator):
         block: _Block,
     ) -> None:
         """Purity and void values; the match is recorded for the well-formedness verdict."""
-        if block.is_dataflow or self.scopes[-1].checks_purity:
+        scope = self.scopes[-1]
+        if block.is_dataflow or scope.checks_purity:
             for extra in emitted:
                 if _ir.is_impure(extra.value):
                     self._fail_impure(rule, binding, "emitted", extra.value, block.is_dataflow)
@@ -438,7 +461,16 @@ class FunctionPass(PyExprMutator):
                     "the rewriter returned a void value (type R.Tuple()) but the binding's var "
                     "is used later; only a binding whose var is unused may become void",
                 )
-        self.check.record(self._scope_name(), binding, rule.description, emitted, new_value)
+        self.check.record(scope.name, binding, rule.description, emitted, new_value)
+
+    def _may_match(self, new: list[relax.Binding], new_value: relax.Expr | None) -> bool:
+        """Whether a rule may match one of the values a match made."""
+        candidates = self.rules.candidates
+        if new_value is not None and candidates(new_value):
+            return True
+        if not new:
+            return False
+        return any(candidates(extra.value) or _ir.holds_blocks(extra.value) for extra in new)
 
     def _fail_impure(
         self, rule: Rule, binding: relax.Binding, what: str, expr: relax.Expr, is_dataflow: bool
@@ -478,7 +510,7 @@ class FunctionPass(PyExprMutator):
             new_var = with_type(self, var, ty(new_value))
             if not new_var.same_as(var):
                 set_var_remap(self, var, new_var)
-                self.remapped = True
+                self.remapped = self.may_rematch = True
                 self.retyped_by = (_ir.var_name(var), rule)
                 if len(relax.analysis.free_symbolic_vars(new_value)):
                     # A new type may name a symbolic var no binding defines: TVM's check decides.

@@ -27,6 +27,7 @@ from __future__ import annotations
 import operator
 
 import tvm
+import tvm_ffi
 import tvm.relax.expr as _relax_expr
 from tvm import relax
 from tvm.relax.dpl import pattern as _pattern
@@ -81,7 +82,6 @@ if TYPES:
     _TY_ARGS_ATTR = "ty_args"
     _update_type = _relax_expr._update_type
     _HAS_TY = "has_ty"
-    _WITH_TYPE = "with_type"
 else:
     # TVM 0.25: relax.TensorType exists there too, but is the old DynTensorType.
     TensorType = relax.TensorStructInfo
@@ -98,7 +98,6 @@ else:
     _TY_ARGS_ATTR = "sinfo_args"
     _update_type = _relax_expr._update_struct_info
     _HAS_TY = "has_struct_info"
-    _WITH_TYPE = "with_struct_info"
 
 _get_ty = operator.attrgetter(_TY)
 _get_ty_args = operator.attrgetter(_TY_ARGS_ATTR)
@@ -156,9 +155,18 @@ def has_ty(pattern: _pattern.DFPattern, type_: object) -> _pattern.DFPattern:
     return getattr(pattern, _HAS_TY)(type_)
 
 
+_WITH_TYPE_FUNC = tvm_ffi.get_global_func(
+    "relax.PyExprMutatorWithType" if TYPES else "relax.PyExprMutatorWithStructInfo"
+)
+try:
+    _WITH_TYPE_FUNC.release_gil = False  # returns at once; see _ir._holding_the_gil
+except AttributeError:
+    pass
+
+
 def with_type(mutator: relax.PyExprMutator, var: relax.Var, type_: object) -> relax.Var:
     """``mutator.with_type(var, type_)`` (0.26+), ``with_struct_info`` (0.25)."""
-    return getattr(mutator, _WITH_TYPE)(var, type_)
+    return _WITH_TYPE_FUNC(mutator._outer(), var, type_)
 
 
 def set_var_remap(mutator: relax.PyExprMutator, var: relax.Var, new_var: relax.Var) -> None:

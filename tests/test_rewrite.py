@@ -532,6 +532,19 @@ def test_impure_call_emitted_into_a_dataflow_block_is_an_error_that_says_how_to_
     assert "leaving dataflow" in str(info.value) and "'b'" in str(info.value)
 
 
+def test_impure_call_nested_in_the_returned_value_of_a_dataflow_block_is_an_error():
+    # Normalizing the returned value binds its nested impure call in the block: checked too.
+    def nested_impure(orig, m):
+        effect = relax.op.call_builtin_with_ctx("test.effect", [m[X]], **{TY_ARGS: [TensorType((4,), "float32")]})
+        return relax.op.multiply(effect, m[Y])
+
+    text = add_chain.script()
+    with pytest.raises(RewriteError, match="DataflowBlock") as info:
+        rewrite_call(ADD, nested_impure, add_chain)
+    assert "test.effect" in str(info.value) and "'b'" in str(info.value)
+    assert add_chain.script() == text
+
+
 def test_impure_call_in_a_pure_function_is_an_error_that_says_how_to_fix_it():
     @R.function
     def f(x: R.Tensor((4,), "float32")):

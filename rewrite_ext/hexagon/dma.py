@@ -309,8 +309,7 @@ def copy_to_dma(
     dropped: list[relax.Expr] = []
     known: dict | None = {} if overlap else None
     rewriter = _dma_rewriter(queues, bypass_cache, legacy_wait, dropped, known)
-    # The output holds no copy_tensor it can rewrite, so one pass (and the confirming scan)
-    # suffices.
+    # The output holds no copy_tensor it can rewrite: one pass, and no confirming one.
     result = rewrite_call(copy_tensor_pattern(), rewriter, target, max_iterations=1, report=report)
     if dropped:
         result = _drop_bindings_of(result, dropped)
