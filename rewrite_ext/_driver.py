@@ -1,8 +1,9 @@
 """The fixed point: passes over each function until one changes nothing, then the verdict.
 
-A pass that changed something is followed by another, since what it
-produced may match again; ``max_iterations`` bounds the passes that may
-change something, and one more pass must then change nothing.  Pure
+A pass that changed something is followed by another when what it
+produced may match (the pass says so: ``PassResult.may_rematch``);
+``max_iterations`` bounds the passes that may change something, and one
+more pass must then change nothing.  Pure
 bindings that matches saw through and that nothing reads any more are
 dropped at the end.  Every changed result then goes through TVM's
 well-formedness check (``_wellformed``).

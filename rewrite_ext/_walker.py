@@ -499,7 +499,9 @@ class FunctionPass(PyExprMutator):
     def _emit_replacement(self, binding: relax.Binding, new_value: relax.Expr, rule: Rule) -> None:
         """Bind the new value to the binding's var, re-typed if its type changed.
 
-        Later uses of a re-typed var follow through the mutator's var remap.
+        Later uses of a re-typed var follow through the mutator's var remap.  A
+        var nothing reads (a void call's ``_``, say) needs none: later bindings
+        then stay on the quick path, re-emitted as they are.
         """
         if self.remapped:
             new_value = self.visit_expr(new_value)
@@ -509,9 +511,10 @@ class FunctionPass(PyExprMutator):
         else:
             new_var = with_type(self, var, ty(new_value))
             if not new_var.same_as(var):
-                set_var_remap(self, var, new_var)
-                self.remapped = self.may_rematch = True
-                self.retyped_by = (_ir.var_name(var), rule)
+                if var in self._used_vars():
+                    set_var_remap(self, var, new_var)
+                    self.remapped = self.may_rematch = True
+                    self.retyped_by = (_ir.var_name(var), rule)
                 if len(relax.analysis.free_symbolic_vars(new_value)):
                     # A new type may name a symbolic var no binding defines: TVM's check decides.
                     self.check.defer(f"the var '{_ir.var_name(var)}' was re-typed with symbolic shapes")
