@@ -103,11 +103,15 @@ def _rewrite_function(
             _verify(result.func, func, [name], rules, check)
             shown = ", ".join(f"'{v}'" for v in result.changed_names)
             more = result.changes - len(result.changed_names)
+            fix = (
+                "Make the rewriter's output not match its own pattern"
+                if len(rules.rules) == 1
+                else "Make each rule's output match no rule's pattern (its own or another's)"
+            )
             raise RewriteError(
                 f"rewrite_ext: in function '{name}', pattern {rules.description}: did not converge "
                 f"after max_iterations={max_iterations} passes; bindings still matching: "
-                f"{shown}{f' and {more} more' if more else ''}. Make the rewriter's output not "
-                "match its own pattern, or raise max_iterations"
+                f"{shown}{f' and {more} more' if more else ''}. {fix}, or raise max_iterations"
             )
         if cleanup:
             cleaned = _cleanup.cleanup(result.func)

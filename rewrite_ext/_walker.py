@@ -327,7 +327,7 @@ class FunctionPass(PyExprMutator):
                 recorder.declined(rule, self._scope_name(), binding, reason)
             return False
         new = emitted + landed if landed else emitted
-        self._check(rule, binding, new, None if keep else new_value, block)
+        self._check(rule, binding, emitted, landed, None if keep else new_value, block)
         if not self.may_rematch:
             self.may_rematch = keep or self._may_match(new, None if keep else new_value)
         self.suspended += 1
@@ -442,15 +442,23 @@ class FunctionPass(PyExprMutator):
         rule: Rule,
         binding: relax.Binding,
         emitted: list[relax.Binding],
+        landed: list[relax.Binding],
         new_value: relax.Expr | None,
         block: _Block,
     ) -> None:
-        """Purity and void values; the match is recorded for the well-formedness verdict."""
+        """Purity and void values; the match is recorded for the well-formedness verdict.
+
+        ``landed``: what normalizing the returned value bound of its nested parts.
+        """
         scope = self.scopes[-1]
         if block.is_dataflow or scope.checks_purity:
             for extra in emitted:
                 if _ir.is_impure(extra.value):
                     self._fail_impure(rule, binding, "emitted", extra.value, block.is_dataflow)
+            for extra in landed:
+                if _ir.is_impure(extra.value):
+                    where = "returned (nested in the value it returned)"
+                    self._fail_impure(rule, binding, where, extra.value, block.is_dataflow)
             if new_value is not None and _ir.is_impure(new_value):
                 self._fail_impure(rule, binding, "returned", new_value, block.is_dataflow)
         if new_value is not None and _ir.is_void(ty(new_value)) and not _ir.is_void(ty(binding.var)):
@@ -461,7 +469,7 @@ class FunctionPass(PyExprMutator):
                     "the rewriter returned a void value (type R.Tuple()) but the binding's var "
                     "is used later; only a binding whose var is unused may become void",
                 )
-        self.check.record(scope.name, binding, rule.description, emitted, new_value)
+        self.check.record(scope.name, binding, rule.description, emitted + landed if landed else emitted, new_value)
 
     def _may_match(self, new: list[relax.Binding], new_value: relax.Expr | None) -> bool:
         """Whether a rule may match one of the values a match made."""

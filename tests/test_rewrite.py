@@ -542,6 +542,7 @@ def test_impure_call_nested_in_the_returned_value_of_a_dataflow_block_is_an_erro
     with pytest.raises(RewriteError, match="DataflowBlock") as info:
         rewrite_call(ADD, nested_impure, add_chain)
     assert "test.effect" in str(info.value) and "'b'" in str(info.value)
+    assert "returned (nested in the value it returned)" in str(info.value)
     assert add_chain.script() == text
 
 

@@ -205,8 +205,9 @@ def test_output_of_one_rule_is_matched_by_another_in_the_next_pass():
     assert values(out)[0] == "R.subtract(x, x)"
     # the first pass made an add, which the second rewrote; a subtract matches nothing
     assert report.passes == {"chain": 2}
-    with pytest.raises(RewriteError, match="did not converge after max_iterations=1"):
+    with pytest.raises(RewriteError, match="did not converge after max_iterations=1") as info:
         apply_rules([Rule(ADD, add_to_subtract), Rule(EXP, exp_to_add)], chain, max_iterations=1)
+    assert "match no rule's pattern (its own or another's)" in str(info.value)
 
 
 def test_rules_that_undo_each_other_are_bounded_and_the_error_names_both():
