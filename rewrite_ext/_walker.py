@@ -473,12 +473,13 @@ class FunctionPass(PyExprMutator):
 
     def _may_match(self, new: list[relax.Binding], new_value: relax.Expr | None) -> bool:
         """Whether a rule may match one of the values a match made."""
-        candidates = self.rules.candidates
-        if new_value is not None and candidates(new_value):
+        if new_value is not None and self._may_hold_match(new_value):
             return True
-        if not new:
-            return False
-        return any(candidates(extra.value) or _ir.holds_blocks(extra.value) for extra in new)
+        return any(self._may_hold_match(extra.value) for extra in new)
+
+    def _may_hold_match(self, value: relax.Expr) -> bool:
+        # Blocks of its own (an If, a local function) are not walked in the pass that made them.
+        return bool(self.rules.candidates(value)) or _ir.holds_blocks(value)
 
     def _fail_impure(
         self, rule: Rule, binding: relax.Binding, what: str, expr: relax.Expr, is_dataflow: bool

@@ -120,6 +120,25 @@ def test_a_nested_value_a_rule_returns_is_matched_in_the_next_pass():
     relax.analysis.well_formed(out)
 
 
+def test_bindings_inside_an_if_a_rule_returns_are_matched_in_the_next_pass():
+    @R.function
+    def f(x: R.Tensor((4,), "float32"), c: R.Tensor((), "bool")):
+        b = R.exp(x)
+        return b
+
+    cond = f.params[1]
+
+    def exp_to_if(orig, m):
+        return relax.If(cond, relax.SeqExpr([], relax.op.add(m[X], m[X])), relax.SeqExpr([], m[X]))
+
+    report = RewriteReport()
+    out = apply_rules([Rule(EXP, exp_to_if), Rule(ADD, add_to_subtract)], f, report=report)
+    text = out.script()
+    assert "R.subtract(x, x)" in text and "R.add" not in text
+    assert report.passes == {"f": 2}
+    relax.analysis.well_formed(out)
+
+
 def test_a_var_re_typed_by_a_rewrite_is_matched_again_with_its_new_type():
     # The add becomes float16, so the multiply reading it is re-typed float16: only then
     # does the float16-only rule match it, in the pass after.
