@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 import tvm
-import tvm_ffi
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, PyExprVisitor, mutator, visitor
 from .compat import TensorType, TupleType, dtype_name, ty_args
+from .compat import holding_the_gil
 from .compat import Constant, StringImm, set_type, var_name  # noqa: F401 (StringImm, set_type, var_name re-exported as _ir.*)
 
 
@@ -59,39 +59,24 @@ def used_vars(expr: relax.Expr) -> set[relax.Var]:
     return set(relax.analysis.used_vars(expr))
 
 
-def _holding_the_gil(name: str) -> tvm_ffi.Function:
-    """A handle of our own on the FFI function ``name`` that keeps the GIL while it runs.
-
-    tvm_ffi releases the GIL around every call by default and takes it back
-    after: locks, a condition variable and thread-local lookups that cost
-    more than the calls made here once per binding, which return at once
-    and never wait.  The handle is ours, so TVM's own stays as it is.
-    """
-    func = tvm_ffi.get_global_func(name)
-    try:
-        func.release_gil = False
-    except AttributeError:  # a tvm_ffi without the switch: calls as TVM's do
-        pass
-    return func
-
-
-_ARRAY_GET_ITEM = _holding_the_gil("ffi.ArrayGetItem")
-emit_normalized = _holding_the_gil("relax.BlockBuilderEmitNormalized")
+array_item = holding_the_gil("ffi.ArrayGetItem")
+"""``array[i]`` of a TVM Array as ``array_item(array, i)``, without the Python wrapper's checks."""
+emit_normalized = holding_the_gil("relax.BlockBuilderEmitNormalized")
 """``builder.emit_normalized(binding)`` as ``emit_normalized(builder, binding)``."""
-extract_matched_expr = _holding_the_gil("relax.dpl.extract_matched_expr")
+extract_matched_expr = holding_the_gil("relax.dpl.extract_matched_expr")
 """``pattern.extract_matched_expr(expr, var2val)`` as ``extract_matched_expr(pattern, expr, var2val)``."""
-normalize = _holding_the_gil("relax.BlockBuilderNormalize")
+normalize = holding_the_gil("relax.BlockBuilderNormalize")
 """``relax.BlockBuilder.normalize(builder, expr)`` as ``normalize(builder, expr)``."""
-begin_dataflow_block = _holding_the_gil("relax.BlockBuilderBeginDataflowBlock")
-begin_binding_block = _holding_the_gil("relax.BlockBuilderBeginBindingBlock")
-end_block = _holding_the_gil("relax.BlockBuilderEndBlock")
+begin_dataflow_block = holding_the_gil("relax.BlockBuilderBeginDataflowBlock")
+begin_binding_block = holding_the_gil("relax.BlockBuilderBeginBindingBlock")
+end_block = holding_the_gil("relax.BlockBuilderEndBlock")
 
 _CHUNK = 512
 
 
 def elements(array: Iterable) -> list:
     """The elements of a short TVM Array (call args, tuple fields) as a list, fast."""
-    get = _ARRAY_GET_ITEM
+    get = array_item
     return [get(array, i) for i in range(len(array))]
 
 
@@ -105,7 +90,7 @@ def bindings_of(block: relax.BindingBlock) -> Iterator[relax.Binding]:
     cyclic GC's oldest generation and be rescanned at every full collection.
     """
     bindings = block.bindings
-    get = _ARRAY_GET_ITEM
+    get = array_item
     size = len(bindings)
     for start in range(0, size, _CHUNK):
         yield from [get(bindings, i) for i in range(start, min(start + _CHUNK, size))]

@@ -155,13 +155,25 @@ def has_ty(pattern: _pattern.DFPattern, type_: object) -> _pattern.DFPattern:
     return getattr(pattern, _HAS_TY)(type_)
 
 
-_WITH_TYPE_FUNC = tvm_ffi.get_global_func(
+def holding_the_gil(name: str) -> tvm_ffi.Function:
+    """A handle of our own on the FFI function ``name`` that keeps the GIL while it runs.
+
+    tvm_ffi releases the GIL around every call by default and takes it back
+    after: locks, a condition variable and thread-local lookups that cost
+    more than the calls made once per binding, which return at once and
+    never wait.  The handle is ours, so TVM's own stays as it is.
+    """
+    func = tvm_ffi.get_global_func(name)
+    try:
+        func.release_gil = False
+    except AttributeError:  # a tvm_ffi without the switch: calls as TVM's do
+        pass
+    return func
+
+
+_WITH_TYPE_FUNC = holding_the_gil(
     "relax.PyExprMutatorWithType" if TYPES else "relax.PyExprMutatorWithStructInfo"
 )
-try:
-    _WITH_TYPE_FUNC.release_gil = False  # returns at once; see _ir._holding_the_gil
-except AttributeError:
-    pass
 
 
 def with_type(mutator: relax.PyExprMutator, var: relax.Var, type_: object) -> relax.Var:

@@ -451,11 +451,7 @@ def _may_hold_memory(ty: object) -> bool:
     return True
 
 
-_arg = tvm_ffi.get_global_func("ffi.ArrayGetItem")
-try:  # our own handle: it returns at once, so keeping the GIL saves the lock round trip
-    _arg.release_gil = False
-except AttributeError:
-    pass
+_arg = _ir.array_item
 
 
 def _arg_vars(args: Iterable) -> list:
