@@ -191,7 +191,7 @@ def checks_purity(func: relax.Function) -> bool:
     return not (attrs is not None and "relax.force_pure" in attrs and bool(attrs["relax.force_pure"]))
 
 
-def function_name(func: relax.Function, default: str = "<anonymous function>") -> str:
+def function_name(func: relax.Function, default: str | None = "<anonymous function>") -> str | None:
     """The function's ``global_symbol``, or ``default`` when it has none."""
     attrs = func.attrs
     if attrs is not None and "global_symbol" in attrs:

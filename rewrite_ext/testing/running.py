@@ -85,7 +85,7 @@ def _entry(mod: tvm.IRModule, entry: str | None = None) -> tuple[str, relax.Func
     (``nn.Module.export_tvm`` names it ``forward``).
     """
     functions = {gv.name_hint: f for gv, f in mod.functions_items() if isinstance(f, relax.Function)}
-    public = sorted(name for name, f in functions.items() if _symbol(f) is not None)
+    public = sorted(name for name, f in functions.items() if _ir.function_name(f, None) is not None)
     if entry is None:
         if "main" in functions:
             entry = "main"
@@ -104,12 +104,7 @@ def _entry(mod: tvm.IRModule, entry: str | None = None) -> tuple[str, relax.Func
     func = functions[entry]
     # relax.build names a public function by its global_symbol, which IRModule({"main": f})
     # leaves as f's own name.
-    return _symbol(func) or entry, func
-
-
-def _symbol(func: relax.Function) -> str | None:
-    symbol = func.attrs.get("global_symbol") if func.attrs is not None else None
-    return str(symbol) if symbol is not None else None
+    return _ir.function_name(func, None) or entry, func
 
 
 def _has_if(func: relax.Function) -> bool:
