@@ -31,7 +31,7 @@ from ._wellformed import Verdict
 from .errors import RewriteError, remember
 from .report import Recorder
 from .rule import Decline, Rule
-from .compat import set_var_remap, ty, with_type
+from .compat import ret_ty, set_type, set_var_remap, ty, with_type
 
 NAMES_SHOWN = 10
 """Bindings a non-convergence message names."""
@@ -180,7 +180,7 @@ class FunctionPass(PyExprMutator):
         if not self.rules.function_may_match(func):
             return self.result
         try:
-            new_func = self.visit_expr(func)
+            new_func = self._visit_top(func)
         except BaseException:
             # An error raised in a callback came back through TVM's C++: raise the original.
             if self.error is not None:
@@ -192,6 +192,52 @@ class FunctionPass(PyExprMutator):
         return self.result
 
     # -- traversal -------------------------------------------------------------------------
+
+    def _visit_top(self, func: relax.Function) -> relax.Function:
+        """The top-level function, put together here from its rebuilt blocks.
+
+        TVM's mutator would end it by normalizing the rebuilt body three
+        times over (the SeqExpr, the body in the function's scope, the
+        Function), each a walk that emits every binding again into the
+        builder's table: on a 100k-binding function that cost more than the
+        rewrite of its unmatched bindings.  This does what the mutator's
+        ``VisitExpr_(Function)`` and ``VisitWithNewScope`` do otherwise: the
+        blocks rebuilt in an inner scope of the function's, empty ones
+        dropped, the body's type kept unless the var it returns was re-typed
+        (then TVM types it), the return type kept where the new body's allows.
+        If branches and local functions still go through TVM's mutator.
+        """
+        body = func.body
+        if type(body) is not relax.SeqExpr:  # not in normal form: TVM's mutator normalizes it
+            return self.visit_expr(func)
+        builder = self.builder_
+        params = _ir.elements(func.params)
+        self.scopes.append(_Scope(self.top_name, _ir.checks_purity(func)))
+        builder.begin_scope(params)
+        try:
+            builder.begin_scope(params)
+            try:
+                blocks = []
+                for block in _ir.elements(body.blocks):
+                    new_block = self._visit_block(block, type(block) is relax.DataflowBlock)
+                    if len(new_block.bindings):
+                        blocks.append(new_block)
+            finally:
+                builder.end_scope()
+            if not self.result.changes:
+                return func
+            output = self.visit_expr(body.body) if self.remapped else body.body
+            seq = relax.SeqExpr(blocks, output)
+            if output.same_as(body.body):
+                set_type(seq, ty(body))
+            else:
+                seq = builder.normalize(seq)
+        finally:
+            builder.end_scope()
+            self.scopes.pop()
+        old_ret = ret_ty(func)
+        kept = old_ret if ty(seq).is_base_of(old_ret) else None
+        return relax.Function(func.params, seq, kept, func.is_pure, func.attrs, func.span)
 
     def visit_function_(self, func: relax.Function) -> relax.Expr:
         name = self.top_name if not self.scopes else f"{self.top_name} (local function)"

@@ -23,6 +23,7 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 from tvm import relax
 from tvm.relax.dpl import WildcardPattern, is_const, is_op, wildcard
+from tvm.relax.expr_functor import PyExprMutator, mutator
 from tvm.script import ir as I
 from tvm.script import relax as R
 from tvm.script import tirx as T
@@ -101,6 +102,81 @@ def test_a_re_typed_output_var_is_typed_as_tvms_mutator_types_it():
     relax.analysis.well_formed(out)
     tvm.ir.assert_structural_equal(out, expected.with_attr("global_symbol", "f"))
     assert str(ty(out.body)) == str(TensorType([2, 2], "float32"))
+
+
+@mutator
+class _Swap(PyExprMutator):
+    """TVM's own mutator doing a rewrite: each call of ``old`` becomes ``new(*args)``."""
+
+    def __init__(self, old: str, new) -> None:
+        super().__init__()
+        self.old, self.new = tvm.ir.Op.get(old), new
+
+    def visit_call_(self, call: relax.Call) -> relax.Expr:
+        call = super().visit_call_(call)
+        if call.op.same_as(self.old):
+            return self.new(*call.args)
+        return call
+
+
+def tvm_mutator_rewrite(func: relax.Function, old: str, new) -> relax.Function:
+    return _Swap(old, new).visit_expr(func)
+
+
+def test_a_re_typed_output_whose_shape_a_match_cast_defines_is_erased_from_the_return_type():
+    @R.function
+    def f(x: R.Tensor(dtype="float32", ndim=1), y: R.Tensor(("k",), "float32")):
+        m = T.int64()
+        a = R.match_cast(x, R.Tensor((m,), "float32"))
+        b = R.add(a, a)
+        c = R.add(y, y)
+        return (b, c)
+
+    def expand(orig, m):  # both outputs re-typed: (m,) -> (1, m), (k,) -> (1, k)
+        return relax.op.expand_dims(m[X], [0])
+
+    out = rewrite_call(ADD, expand, f)
+    relax.analysis.well_formed(out)
+    # m is defined inside the body, k by a parameter: the return type keeps k only.
+    assert str(ret_ty(out)) == str(
+        TupleType([TensorType(None, "float32", ndim=2), TensorType([1, ty(f.params[1]).shape[0]], "float32")])
+    ), ret_ty(out)
+    theirs = tvm_mutator_rewrite(f, "relax.add", lambda a, b: relax.op.expand_dims(a, [0]))
+    tvm.ir.assert_structural_equal(out, theirs)
+
+
+def test_a_return_type_more_specific_than_the_re_typed_output_is_kept_as_tvms_mutator_keeps_it():
+    @R.function
+    def f(x: R.Tensor((4,), "float32")) -> R.Tensor((4,), "float32"):
+        a = R.add(x, x)
+        return a
+
+    def opaque(a, b):  # typed R.Tensor(ndim=1): less specific than the return type
+        return relax.call_pure_packed("ext.add", a, b, **{TY_ARGS: TensorType(None, "float32", ndim=1)})
+
+    out = rewrite_call(ADD, lambda orig, m: opaque(m[X], m[Y]), f)
+    relax.analysis.well_formed(out)
+    assert str(ty(out.body)) == str(TensorType(None, "float32", ndim=1))
+    assert str(ret_ty(out)) == str(TensorType([4], "float32"))
+    tvm.ir.assert_structural_equal(out, tvm_mutator_rewrite(f, "relax.add", opaque))
+
+
+@MORE_EXAMPLES
+@given(
+    relax_functions(
+        ops=("add", "multiply", "exp", "reshape", "sum", "concat", "split", "where", "astype"),
+        max_bindings=25, allow_symbolic=True, allow_other_params=True, allow_mixed_blocks=True,
+        allow_nested_if=True,
+    )
+)
+def test_the_result_is_what_tvms_mutator_builds_for_the_same_rewrite(func):
+    """Types, return type, blocks and attributes as TVM's mutator makes them, on generated
+    functions with symbolic shapes, match_cast, Ifs, local functions and mixed blocks."""
+    ours = rewrite_call(ADD, lambda orig, m: relax.op.subtract(m[X], m[Y]), func)
+    theirs = tvm_mutator_rewrite(func, "relax.add", relax.op.subtract)
+    event(f"rewritten: {not ours.same_as(func)}")
+    relax.analysis.well_formed(ours)
+    tvm.ir.assert_structural_equal(ours, theirs, map_free_vars=True)
 
 
 def test_a_function_whose_parameter_shapes_are_expressions_is_rewritten():
