@@ -17,6 +17,7 @@ import tvm_ffi
 from tvm import relax
 
 from . import _cleanup, _ir
+from ._gc import cyclic_gc_paused
 from ._builder import RewriterBuilder
 from ._walker import NAMES_SHOWN, FunctionPass, RuleSet
 from ._wellformed import Verdict, check_alone
@@ -46,6 +47,17 @@ def apply(
     if report is not None:
         for rule in rules:
             report.rule(rule)  # every rule has a row, matched or not
+    with cyclic_gc_paused():
+        return _apply(ruleset, target, max_iterations, recorder, cleanup)
+
+
+def _apply(
+    ruleset: RuleSet,
+    target: relax.Function | tvm.IRModule,
+    max_iterations: int,
+    recorder: Recorder | None,
+    cleanup: bool,
+) -> relax.Function | tvm.IRModule:
     if isinstance(target, relax.Function):
         check = Verdict()
         builder = RewriterBuilder()

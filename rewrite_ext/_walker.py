@@ -373,9 +373,13 @@ class FunctionPass(PyExprMutator):
                 recorder.declined(rule, self._scope_name(), binding, reason)
             return False
         new = emitted + landed if landed else emitted
-        self._check(rule, binding, emitted, landed, None if keep else new_value, block)
+        if keep:
+            new_value = new_ty = None
+        else:
+            new_ty = ty(new_value)
+        self._check(rule, binding, emitted, landed, new_value, new_ty, block)
         if not self.may_rematch:
-            self.may_rematch = keep or self._may_match(new, None if keep else new_value)
+            self.may_rematch = keep or self._may_match(new, new_value)
         self.suspended += 1
         try:
             for extra in emitted:
@@ -386,7 +390,7 @@ class FunctionPass(PyExprMutator):
             if keep:
                 self._emit_unchanged(binding, value)
             else:
-                self._emit_replacement(binding, new_value, rule)
+                self._emit_replacement(binding, new_value, new_ty, rule)
         finally:
             self.suspended -= 1
         if keep:
@@ -490,11 +494,13 @@ class FunctionPass(PyExprMutator):
         emitted: list[relax.Binding],
         landed: list[relax.Binding],
         new_value: relax.Expr | None,
+        new_ty: relax.Type | None,
         block: _Block,
     ) -> None:
         """Purity and void values; the match is recorded for the well-formedness verdict.
 
-        ``landed``: what normalizing the returned value bound of its nested parts.
+        ``landed``: what normalizing the returned value bound of its nested parts;
+        ``new_value``, ``new_ty``: the replacement and its type, None when the binding is kept.
         """
         scope = self.scopes[-1]
         if block.is_dataflow or scope.checks_purity:
@@ -507,7 +513,7 @@ class FunctionPass(PyExprMutator):
                     self._fail_impure(rule, binding, where, extra.value, block.is_dataflow)
             if new_value is not None and _ir.is_impure(new_value):
                 self._fail_impure(rule, binding, "returned", new_value, block.is_dataflow)
-        if new_value is not None and _ir.is_void(ty(new_value)) and not _ir.is_void(ty(binding.var)):
+        if new_ty is not None and _ir.is_void(new_ty) and not _ir.is_void(ty(binding.var)):
             if binding.var in self._used_vars():
                 self._fail(
                     binding,
@@ -521,7 +527,10 @@ class FunctionPass(PyExprMutator):
         """Whether a rule may match one of the values a match made."""
         if new_value is not None and self._may_hold_match(new_value):
             return True
-        return any(self._may_hold_match(extra.value) for extra in new)
+        for extra in new:
+            if self._may_hold_match(extra.value):
+                return True
+        return False
 
     def _may_hold_match(self, value: relax.Expr) -> bool:
         # Blocks of its own (an If, a local function) are not walked in the pass that made them.
@@ -551,7 +560,9 @@ class FunctionPass(PyExprMutator):
 
     # -- results ---------------------------------------------------------------------------
 
-    def _emit_replacement(self, binding: relax.Binding, new_value: relax.Expr, rule: Rule) -> None:
+    def _emit_replacement(
+        self, binding: relax.Binding, new_value: relax.Expr, new_ty: relax.Type, rule: Rule
+    ) -> None:
         """Bind the new value to the binding's var, re-typed if its type changed.
 
         Later uses of a re-typed var follow through the mutator's var remap.  A
@@ -560,11 +571,12 @@ class FunctionPass(PyExprMutator):
         """
         if self.remapped:
             new_value = self.visit_expr(new_value)
+            new_ty = ty(new_value)
         var = binding.var
         if type(binding) is relax.MatchCast:
             new_binding = relax.MatchCast(var, new_value, ty(binding))
         else:
-            new_var = with_type(self, var, ty(new_value))
+            new_var = with_type(self, var, new_ty)
             if not new_var.same_as(var):
                 if var in self._used_vars():
                     set_var_remap(self, var, new_var)

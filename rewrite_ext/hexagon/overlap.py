@@ -54,13 +54,11 @@ Left alone
 from __future__ import annotations
 
 import bisect
-import contextlib
 import functools
-import gc
 import inspect
 import itertools
 from collections import defaultdict, deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import tvm
@@ -68,6 +66,7 @@ import tvm_ffi
 from tvm import relax
 
 from .. import _ir
+from .._gc import cyclic_gc_paused
 from .dma import _DMA, DMA_COPY, DMA_WAIT, _extern, _imm
 from ..compat import Constant, PrimType, ShapeType, TensorType, TupleType, imm, imm_value, ret_ty, set_type, ty, ty_args
 
@@ -730,20 +729,6 @@ def _with_inflight(wait: _Rec, inflight: int) -> relax.VarBinding:
 # ---------------------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _no_cyclic_gc() -> Iterator[None]:
-    """Pause the cyclic garbage collector: the pass makes a few small objects per binding,
-    all freed by reference counting, and each collection it would trigger rescans every IR
-    wrapper alive (a third of the pass's time on 10k copies)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 def _schedule(
     target: relax.Function | tvm.IRModule, known: dict, check: bool = True
 ) -> relax.Function | tvm.IRModule:
@@ -752,7 +737,7 @@ def _schedule(
     input was checked: the schedule only reorders a block's bindings, each after what it
     uses, and changes immediates (the tests check every output)."""
     if isinstance(target, relax.Function):
-        with _no_cyclic_gc():
+        with cyclic_gc_paused():
             result = _Reader(known).function(target, top=True)
         if check and result is not target:
             relax.analysis.well_formed(result)
@@ -762,7 +747,7 @@ def _schedule(
         changed = False
         for gvar, func in target.functions_items():
             if isinstance(func, relax.Function):
-                with _no_cyclic_gc():
+                with cyclic_gc_paused():
                     new_func = _Reader(known).function(func, top=True)
                 changed = changed or new_func is not func
                 functions[gvar] = new_func
