@@ -740,3 +740,34 @@ def test_bad_arguments_fail_at_once():
         rewrite_call(ADD, to_multiply, add_chain, max_iterations=0)
     with pytest.raises(TypeError):
         rewrite_call(ADD, to_multiply, relax.const(1.0))
+
+
+# -- the garbage collector ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_cyclic_gc_is_paused_while_rewriters_run_and_left_as_it_was(enabled):
+    """Rewrites pause Python's cyclic GC (docs/performance.md); it comes back as the caller had
+    it, after a result and after an error alike."""
+    import gc
+
+    seen = []
+
+    def rewriter(orig, m):
+        seen.append(gc.isenabled())
+        return relax.op.multiply(m[X], m[Y])
+
+    def failing(orig, m):
+        raise KeyError("missing")
+
+    was = gc.isenabled()
+    try:
+        gc.enable() if enabled else gc.disable()
+        rewrite_call(ADD, rewriter, add_chain)
+        assert gc.isenabled() is enabled
+        with pytest.raises(RewriteError):
+            rewrite_call(ADD, failing, add_chain)
+        assert gc.isenabled() is enabled
+    finally:
+        gc.enable() if was else gc.disable()
+    assert seen == [False, False]
