@@ -16,8 +16,10 @@ def cyclic_gc_paused() -> Iterator[None]:
     counting when it does.  The collector cannot free them but counts them:
     every 700 it scans the young ones, and as they pile up it runs full
     collections that scan every object of the process (TVM's import alone
-    makes 90k).  On a 10k-binding rewrite that was a quarter of its time.
+    makes 90k).  On a 10k-binding rewrite at every binding matching that was
+    5% of its instructions (benchmarks/NOTES.md).
     Cycles made meanwhile (by a rewriter, say) wait for the next collection.
+    The pause is process-wide, as ``gc.disable`` is: other threads see it.
     """
     enabled = gc.isenabled()
     gc.disable()

@@ -204,7 +204,7 @@ class FunctionPass(PyExprMutator):
         ``VisitExpr_(Function)`` and ``VisitWithNewScope`` do otherwise: the
         blocks rebuilt in an inner scope of the function's, empty ones
         dropped, the body's type kept unless the var it returns was re-typed
-        (then TVM types it), the return type kept where the new body's allows.
+        (then TVM types it, and the return type is kept only if it covers the new one).
         If branches and local functions still go through TVM's mutator.
         """
         body = func.body
@@ -228,16 +228,20 @@ class FunctionPass(PyExprMutator):
                 return func
             output = self.visit_expr(body.body) if self.remapped else body.body
             seq = relax.SeqExpr(blocks, output)
+            returned = ret_ty(func)
             if output.same_as(body.body):
                 set_type(seq, ty(body))
             else:
                 seq = builder.normalize(seq)
+                # The returned var was re-typed.  An annotation that no longer covers what the
+                # body returns would be checked by the VM, and fail, at run time: the new type
+                # is derived instead.  (TVM's mutator keeps one more specific than the body.)
+                if not returned.is_base_of(ty(seq)):
+                    returned = None
         finally:
             builder.end_scope()
             self.scopes.pop()
-        old_ret = ret_ty(func)
-        kept = old_ret if ty(seq).is_base_of(old_ret) else None
-        return relax.Function(func.params, seq, kept, func.is_pure, func.attrs, func.span)
+        return relax.Function(func.params, seq, returned, func.is_pure, func.attrs, func.span)
 
     def visit_function_(self, func: relax.Function) -> relax.Expr:
         name = self.top_name if not self.scopes else f"{self.top_name} (local function)"
