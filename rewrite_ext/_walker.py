@@ -382,6 +382,7 @@ class FunctionPass(PyExprMutator):
         else:
             new_ty = ty(new_value)
         self._check(rule, binding, emitted, landed, new_value, new_ty, block)
+        self.check.record(self.scopes[-1].name, binding, rule.description, new, new_value)
         if not self.may_rematch:
             self.may_rematch = keep or self._may_match(new, new_value)
         self.suspended += 1
@@ -501,13 +502,12 @@ class FunctionPass(PyExprMutator):
         new_ty: relax.Type | None,
         block: _Block,
     ) -> None:
-        """Purity and void values; the match is recorded for the well-formedness verdict.
+        """Purity and void values.
 
         ``landed``: what normalizing the returned value bound of its nested parts;
         ``new_value``, ``new_ty``: the replacement and its type, None when the binding is kept.
         """
-        scope = self.scopes[-1]
-        if block.is_dataflow or scope.checks_purity:
+        if block.is_dataflow or self.scopes[-1].checks_purity:
             for extra in emitted:
                 if _ir.is_impure(extra.value):
                     self._fail_impure(rule, binding, "emitted", extra.value, block.is_dataflow)
@@ -525,7 +525,6 @@ class FunctionPass(PyExprMutator):
                     "the rewriter returned a void value (type R.Tuple()) but the binding's var "
                     "is used later; only a binding whose var is unused may become void",
                 )
-        self.check.record(scope.name, binding, rule.description, emitted + landed if landed else emitted, new_value)
 
     def _may_match(self, new: list[relax.Binding], new_value: relax.Expr | None) -> bool:
         """Whether a rule may match one of the values a match made."""
