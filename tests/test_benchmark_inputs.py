@@ -156,7 +156,8 @@ def test_a_figure_is_the_median_of_runs_whose_sides_take_turns_starting_with_eac
 
 def test_the_scaling_figure_is_one_ratio_per_round_and_their_median():
     figure = bench.measure_scaling("10%", 3, sizes=(20, 200))
-    for side in ("rewrite_ext", "mutator"):
+    assert set(figure.ratios) == {"rewrite_ext", "mutator", *bench.FLOOR_SIDES}
+    for side in ("rewrite_ext", "mutator", *bench.FLOOR_SIDES):
         assert len(figure.ratios[side]) == 3
         assert figure.ratio(side) == sorted(figure.ratios[side])[1]
         assert figure.per_binding[side, 20] > 0 and figure.per_binding[side, 200] > 0
