@@ -363,7 +363,8 @@ class _Reader:
         if kind == "tensor" and self.known:
             size = self.known.get(var.__chandle__())
             if type(size) is int:  # a copy's dst, its size known to copy_to_dma: read 2 args, not 5
-                storage, offset = _arg(call.args, 0), _arg(call.args, 1)
+                args = call.args
+                storage, offset = _arg(args, 0), _arg(args, 1)
                 self.facts[_h(var)] = self._placed(self.leaf(storage), imm_value(offset), size)
                 return _Rec(binding, "compute", var, _arg_vars([storage]))
         args = _ir.elements(call.args)
@@ -401,10 +402,11 @@ class _Reader:
         return _Rec(binding, "compute", var, uses, touched, touched)
 
     def _placed(self, storage: tuple, offset: int | None, nbytes: int | None) -> tuple:
+        if offset is None or nbytes is None:
+            return tuple((root, None, None) for root, _, _ in storage)
+        storages = self.storages
         return tuple(
-            (root, offset, offset + nbytes)
-            if root in self.storages and start is None and offset is not None and nbytes is not None
-            else (root, None, None)
+            (root, offset, offset + nbytes) if start is None and root in storages else (root, None, None)
             for root, start, _ in storage
         )
 
@@ -506,7 +508,8 @@ class _Unit:
             self.deps = [v for r in views + copies for v in r.uses]
         # A view of the transfer (say, of a copy_tensor of a view) moves with it: what
         # defines the view's input must come first too.
-        self.deps += [v for r in views for v in r.uses]
+        if views:
+            self.deps += [v for r in views for v in r.uses]
         self.rank = 0
         self.buckets: list = []
 
@@ -609,6 +612,9 @@ def _plan_block(recs: list[_Rec], last_use: dict, leaf, params: set[int]) -> lis
                 if unit is target or not (alive(unit.src, target, index) and alive(unit.dst, target, index)):
                     out.append(unit)
                     kept[unit.seq] = len(out) - 1
+            if index == _INF:
+                continue  # the end of the block: nothing after it conflicts or depends
+            for unit in run:
                 for bucket in unit.buckets:
                     del bucket[unit.seq]
             for unit in run:  # a merged transfer completes at the last wait of the run
@@ -681,14 +687,16 @@ def _emit(out: list, after: dict, recs: list[_Rec]) -> list | None:
     issued: dict[int, int] = defaultdict(int)  # dma_copy bindings so far, per queue
     result: list = []
 
-    def start(slot: int) -> None:
-        for unit in after.get(slot, ()):
-            result.extend(r.binding for r in unit.views)
+    def start(units: list[_Unit]) -> None:
+        for unit in units:
+            if unit.views:
+                result.extend(r.binding for r in unit.views)
             result.extend(r.binding for r in unit.copies)
             issued[unit.queue] += len(unit.copies)
             unit.rank = issued[unit.queue]
 
-    start(-1)
+    if -1 in after:
+        start(after[-1])
     for slot, entry in enumerate(out):
         if isinstance(entry, _Unit):
             inflight = issued[entry.queue] - entry.rank
@@ -699,7 +707,8 @@ def _emit(out: list, after: dict, recs: list[_Rec]) -> list | None:
             issued[unit.queue] += len(unit.copies)
         else:
             result.append(entry)
-        start(slot)
+        if slot in after:
+            start(after[slot])
     if len(result) == len(recs) and all(new is rec.binding for new, rec in zip(result, recs)):
         return None
     return result
@@ -708,7 +717,7 @@ def _emit(out: list, after: dict, recs: list[_Rec]) -> list | None:
 def _with_inflight(wait: _Rec, inflight: int) -> relax.VarBinding:
     """The wait binding with ``inflight_dma`` replaced, keeping its var (and its immediates'
     dtype when read from IR)."""
-    dma, old = wait.dma, wait.binding.value
+    dma = wait.dma
     if dma.fields is None:  # emitted by copy_to_dma: int64 immediates, void
         fields = [_imm(dma.queue), _imm(inflight), _imm(dma.bypass), dma.src, dma.dst]
         if _MAKE_CALL is not None and _MAKE_TUPLE is not None:
@@ -717,6 +726,7 @@ def _with_inflight(wait: _Rec, inflight: int) -> relax.VarBinding:
             call = relax.Call(_CALL_BUILTIN, [_extern(DMA_WAIT), relax.Tuple(fields)], None, [_VOID])
             set_type(call, _VOID)
     else:
+        old = wait.binding.value
         fields = list(dma.fields)
         fields[1] = imm(inflight, str(ty(fields[1]).dtype))
         call = relax.Call(old.op, [old.args[0], relax.Tuple(fields)], old.attrs, ty_args(old), old.span)
