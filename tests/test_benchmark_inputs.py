@@ -19,6 +19,7 @@ from tvm import relax
 import rewrite_ext
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import bench_overlap  # noqa: E402
 import bench_rewrite as bench  # noqa: E402
 import run_chain  # noqa: E402
 from rewrite_ext.compat import ty
@@ -140,6 +141,19 @@ def test_copy_to_dma_equals_the_forum_threads_hand_written_mutator():
     ours = workload.ours(workload.func)
     assert bench.count_bindings(ours) == workload.bindings + 20
     assert ours.script().count("dma_wait") == 20
+
+
+def test_the_overlap_benchmark_keeps_every_transfer_in_flight_to_the_end_and_runs():
+    from rewrite_ext.hexagon import copy_to_dma, cpu_dma
+
+    n = 40
+    mod = tvm.IRModule({"main": bench_overlap.make_independent_copies(n)})
+    x = np.arange(32 * 64, dtype="int32").reshape(32, 64)
+    executable = relax.build(copy_to_dma(mod, overlap=True), target="llvm")
+    with cpu_dma() as engine:
+        out = relax.VirtualMachine(executable, tvm.cpu())["main"](tvm.runtime.tensor(x))
+    np.testing.assert_array_equal(out.numpy(), x)
+    assert engine.copies == n and engine.peak_in_flight == {0: n}
 
 
 def test_a_figure_is_the_median_of_runs_whose_sides_take_turns_starting_with_each():
