@@ -35,6 +35,7 @@ import rewrite_ext  # noqa: F401 - registers R.vm.copy_tensor
 from rewrite_ext import ops
 from rewrite_ext.hexagon import copy_to_dma, sink_dma_waits
 from rewrite_ext.compat import TensorType
+from bench_rewrite import read_every_value
 
 SIZES = (1_000, 10_000)
 RATIO_TARGET = 1.5
@@ -55,12 +56,6 @@ def make_independent_copies(n: int) -> relax.Function:
             bb.emit(ops.copy_tensor(x, last))
         bb.emit_func_output(last)
     return bb.get()["main"]
-
-
-def read_every_value(func: relax.Function) -> None:
-    for block in func.body.blocks:
-        for binding in block.bindings:
-            binding.value  # noqa: B018 - the read is the work
 
 
 def cpu_seconds(fn, *args, **kwargs) -> float:

@@ -435,29 +435,24 @@ class Scaling:
         return statistics.median(self.ratios[side])
 
 
-def _read_every_value(func: relax.Function) -> None:
+def read_every_value(func: relax.Function) -> None:
     for block in func.body.blocks:
         for binding in block.bindings:
             binding.value  # noqa: B018 - the read is the work
 
 
-def floor_sides(func: relax.Function) -> dict[str, Callable[[], object]]:
-    """Linear walks of ``func`` to read the scaling figures against.
-
-    ``read values`` reads each binding's value once from Python, ``free_vars`` is a walk of
-    TVM's C++ visitor, and ``well_formed`` is the untyped check rewrite_ext runs once on
-    every changed result.  All three are linear in the bindings, so a time(100k)/time(10k)
-    above 10 is the memory hierarchy (a 10k chain stays in cache across the 10 calls of a
-    round, a 100k chain does not), not the algorithm: this machine's floor.
-    """
-    return {
-        "read values": lambda: _read_every_value(func),
-        "free_vars": lambda: relax.analysis.free_vars(func),
-        "well_formed": lambda: relax.analysis.well_formed(func, False),
-    }
-
-
-FLOOR_SIDES = tuple(floor_sides(relax.Function([], relax.Tuple([]))))
+#: Linear walks of a function to read the scaling figures against: ``read values`` reads each
+#: binding's value once from Python, ``free_vars`` is a walk of TVM's C++ visitor, and
+#: ``well_formed`` is the untyped check rewrite_ext runs once on every changed result.  All
+#: three are linear in the bindings, so a time(100k)/time(10k) above 10 is the memory
+#: hierarchy (a 10k chain stays in cache across the 10 calls of a round, a 100k chain does
+#: not), not the algorithm: this machine's floor.
+FLOOR_WALKS: dict[str, Callable[[relax.Function], object]] = {
+    "read values": read_every_value,
+    "free_vars": relax.analysis.free_vars,
+    "well_formed": lambda func: relax.analysis.well_formed(func, False),
+}
+FLOOR_SIDES = tuple(FLOOR_WALKS)
 
 
 def measure_scaling(
@@ -466,7 +461,7 @@ def measure_scaling(
     sizes: tuple[int, int] = SCALING_SIZES,
     sides: tuple[str, ...] = ("rewrite_ext", "mutator", *FLOOR_SIDES),
 ) -> Scaling:
-    """``sides`` (rewrite_ext, the hand-written mutator, the floor of :func:`floor_sides`) on a
+    """``sides`` (rewrite_ext, the hand-written mutator, the walks of ``FLOOR_WALKS``) on a
     small and a big chain, in paired rounds.
 
     Each round builds the small chain, times each side on it for as many calls
@@ -483,7 +478,7 @@ def measure_scaling(
         for n, calls in ((small, big // small), (big, 1)):
             workload = chain_workload(rate, n)
             runs = workload.sides()
-            runs.update(floor_sides(workload.func))
+            runs.update({name: (lambda w=walk, f=workload.func: w(f)) for name, walk in FLOOR_WALKS.items()})
             if r == 0:
                 ours, hand = runs["rewrite_ext"](), runs["mutator"]()
                 if not tvm_ffi.structural_equal(ours, hand):
@@ -536,7 +531,7 @@ def print_scaling(scalings: list[Scaling]) -> None:
     print()
     print(f"SCALING time({bk})/time({sk}), paired rounds (10.0 = linear); us/b at {sk} -> {bk}")
     print(
-        "  (read values, free_vars, well_formed: linear walks from Python, by TVM's C++ visitor, and the"
+        f"  ({', '.join(FLOOR_SIDES)}: linear walks from Python, by TVM's C++ visitor, and the"
         " untyped check rewrite_ext runs on each result; above 10 they show this machine's memory)"
     )
     for s in scalings:

@@ -614,10 +614,9 @@ def _plan_block(recs: list[_Rec], last_use: dict, leaf, params: set[int]) -> lis
                     kept[unit.seq] = len(out) - 1
             if index == _INF:
                 continue  # the end of the block: nothing after it conflicts or depends
-            for unit in run:
+            for unit in run:  # a merged transfer completes at the last wait of the run
                 for bucket in unit.buckets:
                     del bucket[unit.seq]
-            for unit in run:  # a merged transfer completes at the last wait of the run
                 slot = kept.get(unit.seq, len(out) - 1)
                 read.put(unit.src_fact, slot)
                 written.put(unit.dst_fact, slot)
