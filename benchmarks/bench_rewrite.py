@@ -549,12 +549,14 @@ class Target:
     label: str
     value: float | None  # None: not measured in this run
     limit: float
+    context: str = ""  # what else the run says about this target, printed when it is missed
 
     def line(self) -> str:
         if self.value is None:
             return f"  {self.label:<62} {'-':>6}  <= {self.limit:<4} not measured (--quick)"
         verdict = "MET" if self.value <= self.limit else "MISSED"
-        return f"  {self.label:<62} {self.value:6.2f}  <= {self.limit:<4} {verdict}"
+        context = self.context if verdict == "MISSED" else ""
+        return f"  {self.label:<62} {self.value:6.2f}  <= {self.limit:<4} {verdict}{context}"
 
 
 def targets(workloads: dict[str, Workload], scalings: list[Scaling]) -> list[Target]:
@@ -564,16 +566,24 @@ def targets(workloads: dict[str, Workload], scalings: list[Scaling]) -> list[Tar
         w = workloads.get(key)
         return w.figures["rewrite_ext"] / w.figures[other] if w else None
 
+    def against_tvm(label: str, key: str, limit: float) -> Target:
+        # A target against TVM is also one against the hand-written mutator, which does the
+        # same rewrite with none of the checks: printed so a run shows how close to it it asks.
+        w = workloads.get(key)
+        context = ""
+        if w and w.figures.get("mutator"):
+            floor = w.figures["mutator"] / w.figures["tvm"]
+            context = f" (mutator / TVM {floor:.2f}: asks for {limit / floor:.2f}x the mutator)"
+        return Target(label, ratio(key, "tvm"), limit, context)
+
     out = []
     for rate in MATCH_RATES:
         out.append(
             Target(f"chain 10k {rate}: rewrite_ext / hand-written mutator", ratio(rate, "mutator"), 1.5)
         )
-        out.append(Target(f"chain 10k {rate}: rewrite_ext / TVM rewrite_call", ratio(rate, "tvm"), 0.5))
+        out.append(against_tvm(f"chain 10k {rate}: rewrite_ext / TVM rewrite_call", rate, 0.5))
     out += [
-        Target(
-            "GPT legalized, call_tir 1:1: rewrite_ext / TVM rewrite_call", ratio("legalized", "tvm"), 0.5
-        ),
+        against_tvm("GPT legalized, call_tir 1:1: rewrite_ext / TVM rewrite_call", "legalized", 0.5),
         Target(
             "GPT high level, no match: rewrite_ext / identity mutator", ratio("high", "mutator"), 1.2
         ),

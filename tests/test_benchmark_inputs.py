@@ -186,6 +186,19 @@ def test_a_target_is_met_at_its_limit_and_missed_above_it():
     assert "not measured" in bench.Target("x", None, 1.5).line()
 
 
+def test_a_missed_target_against_tvm_says_what_it_asks_of_the_hand_written_mutator():
+    workload = bench.chain_workload("100%", n=20)
+    label = "chain 10k 100%: rewrite_ext / TVM rewrite_call"
+
+    def line() -> str:
+        return next(t.line() for t in bench.targets({"100%": workload}, []) if t.label == label)
+
+    workload.figures = {"rewrite_ext": 3.0, "mutator": 2.0, "tvm": 5.0}
+    assert line().endswith("MISSED (mutator / TVM 0.40: asks for 1.25x the mutator)")
+    workload.figures["rewrite_ext"] = 2.5
+    assert line().endswith("MET")
+
+
 def test_every_target_of_the_issue_is_reported_even_unmeasured():
     labels = [t.label for t in bench.targets({}, [])]
     assert len(labels) == 6 + 4 + len(
