@@ -323,7 +323,7 @@ class _Reader:
         if type(known) is tuple:  # a DMA builtin copy_to_dma emitted: no need to read it back
             kind, dma, uses = known
             var = binding.var if kind != "copy" else None
-            return _Rec(binding, kind, var, uses, dma=dma)
+            return _Rec(binding, kind, var, uses, _NOTHING, _NOTHING, dma)
         var = binding.var
         if isinstance(value, relax.Call):
             return self.call(binding, var, value, outside)
@@ -356,7 +356,7 @@ class _Reader:
         rebuilt = None
         if new is not value and isinstance(binding, relax.VarBinding):
             rebuilt = relax.VarBinding(var, new, binding.span)
-        return _Rec(binding, "compute", var, uses, touched, touched, new=rebuilt)
+        return _Rec(binding, "compute", var, uses, touched, touched, None, rebuilt)
 
     def call(self, binding: relax.Binding, var: relax.Var, call: relax.Call, outside: tuple) -> _Rec:
         kind = _kind(call.op)
@@ -371,7 +371,7 @@ class _Reader:
         if kind == "builtin":
             dma = _read_dma(args)
             if dma is not None:
-                return _Rec(binding, dma[0], var, _arg_vars(args), dma=dma[1])
+                return _Rec(binding, dma[0], var, _arg_vars(args), _NOTHING, _NOTHING, dma[1])
             kind = "impure"
         uses = _arg_vars(args)
         if kind == "storage":
@@ -385,7 +385,7 @@ class _Reader:
         first = self.leaf(args[0]) if args else _NOTHING
         if kind == "view":
             self.facts[_h(var)] = self._viewed(first, call)
-            return _Rec(binding, "view", var, uses, first, dma=_DMA(None, None, args[0], None))
+            return _Rec(binding, "view", var, uses, first, _NOTHING, _DMA(None, None, args[0], None))
         if kind == "same":
             self.facts[_h(var)] = first
             return _Rec(binding, "compute", var, uses, first)
