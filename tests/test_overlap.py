@@ -998,6 +998,40 @@ def test_blocks_not_in_copy_then_wait_form_are_left_alone(func):
     assert_unchanged(func)
 
 
+@I.ir_module
+class CopyBesidePipelinedByHand:
+    @R.function(pure=False)
+    def main(x: R.Tensor((16,), "float32"), y: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
+        # One storage a tensor: CPU kernels refuse a tensor at a non-zero byte offset.
+        sa, sb, sd = _storage(), _storage(), _storage()
+        a = _alloc(sa, 0)
+        b = _alloc(sb, 0)
+        dma_copy(x, a)
+        dma_copy(y, b)
+        dma_wait(x, a, inflight=1)
+        c = R.add(x, y)
+        dma_wait(y, b)
+        d = _alloc(sd, 0)
+        R.vm.copy_tensor(c, d)
+        e = R.add(d, a)
+        f = R.add(e, b)
+        return f
+
+
+def test_copy_to_dma_overlap_on_a_block_left_alone_waits_right_after_each_copy():
+    # The hand-made waits leave the block to its author: each new copy gets its wait at once.
+    mod = CopyBesidePipelinedByHand
+    got = copy_to_dma(mod, overlap=True)
+    relax.analysis.well_formed(got)
+    tvm.ir.assert_structural_equal(got, copy_to_dma(mod))
+    bindings = got["main"].body.blocks[0].bindings
+    assert [_builtin(b) for b in bindings[11:13]] == [DMA_COPY, DMA_WAIT]
+    x, y = _inputs(mod["main"], seed=3)
+    results, engine = _run(got, [x, y], dma=True)
+    np.testing.assert_allclose(results[0], 2 * x + 2 * y, rtol=1e-6)
+    assert engine.copies == engine.waits == 3
+
+
 def two_copies_original() -> tvm.IRModule:
     @I.ir_module
     class Module:

@@ -152,13 +152,24 @@ def _dma_rewriter(
             # One descriptor carries at most 2**24 - 1 bytes: one dma_copy per chunk, all on
             # one queue, covered by the single wait below.
             pairs = list(zip(_chunk_views(builder, src, nbytes), _chunk_views(builder, dst, nbytes)))
-        for part_src, part_dst in pairs:
-            # Start the transfer: a void binding emitted just before the rewritten one.
-            copy = _builtin(DMA_COPY, [part_src, part_dst, _imm(queue), _imm(bypass_cache)])
-            builder.emit(copy)
-            if known is not None:
+        copies = [_builtin(DMA_COPY, [part_src, part_dst, _imm(queue), _imm(bypass_cache)]) for part_src, part_dst in pairs]
+        if known is not None:
+            # What the overlap pass would read back, so it need not: reading IR fields costs
+            # far more than the scheduling itself.
+            for copy, (part_src, part_dst) in zip(copies, pairs):
                 uses = _vars(part_src, part_dst)
                 known[copy.__chandle__()] = ("copy", _DMA(queue, int(bypass_cache), part_src, part_dst), uses)
+            if not legacy_wait:
+                # The overlap schedule makes the wait where it lands, with its inflight_dma: the
+                # last copy replaces the copy_tensor and carries what the wait will hold.  Half
+                # the bindings through the builder, and no wait built only to be rebuilt.
+                known[copies[-1].__chandle__()] += (_DMA(queue, int(bypass_cache), src, dst), _vars(src, dst))
+                for copy in copies[:-1]:
+                    builder.emit(copy)
+                return copies[-1]
+        for copy in copies:
+            # Start the transfer: a void binding emitted just before the rewritten one.
+            builder.emit(copy)
         if legacy_wait:  # runtimes older than apache/tvm#16706
             wait = _builtin(DMA_WAIT, [_imm(queue), _imm(0)])
             if known is not None:
@@ -167,12 +178,7 @@ def _dma_rewriter(
         # The wait replaces the copy.  inflight_dma=0: return once nothing is in flight on
         # this queue, so this copy has landed.  src and dst ride along so that
         # KillAfterLastUse cannot free them while the engine still reads or writes them.
-        wait = _builtin(DMA_WAIT, [_imm(queue), _imm(0), _imm(bypass_cache), src, dst])
-        if known is not None:
-            # What the overlap pass would read back, so it need not: reading IR fields costs
-            # far more than the scheduling itself.
-            known[wait.__chandle__()] = ("wait", _DMA(queue, int(bypass_cache), src, dst), _vars(src, dst))
-        return wait
+        return _builtin(DMA_WAIT, [_imm(queue), _imm(0), _imm(bypass_cache), src, dst])
 
     return copy_to_dma_rewriter
 

@@ -79,6 +79,13 @@ _MAKE_CALL = tvm_ffi.get_global_func("ir.Call", allow_missing=True)
 _MAKE_TUPLE = tvm_ffi.get_global_func("ir.Tuple", allow_missing=True)
 if "ret_ty" not in inspect.signature(relax.Call.__init__).parameters:
     _MAKE_CALL = None
+# Likewise (name, type, span) and (var, value, span), where relax.Var is tvm.ir.Var (0.27):
+# relax.Var's __init__ costs 2.4 us, the node 0.4.
+_MAKE_VAR = relax.Var
+_MAKE_BINDING = relax.VarBinding
+if getattr(tvm.ir, "Var", None) is relax.Var:
+    _MAKE_VAR = tvm_ffi.get_global_func("ir.Var", allow_missing=True) or relax.Var
+    _MAKE_BINDING = tvm_ffi.get_global_func("relax.VarBinding", allow_missing=True) or relax.VarBinding
 _EXTERNAL, _ANYTHING = 0, -1  # roots; allocations get 1, 2, ...
 _NOTHING: tuple = ()
 _OUT = (_EXTERNAL, None, None)
@@ -289,6 +296,13 @@ class _Reader:
             recs = []
             for binding in _ir.bindings_of(block):
                 rec = read(binding, outside)
+                if type(rec) is tuple:  # a copy, and the wait copy_to_dma left to this pass
+                    copy, rec = rec
+                    copy.index = index
+                    for var in copy.uses:
+                        last_use[var.__chandle__()] = index
+                    recs.append(copy)
+                    index += 1
                 rec.index = index
                 for var in rec.uses:
                     last_use[var.__chandle__()] = index
@@ -305,8 +319,9 @@ class _Reader:
             planned = None
             if not isinstance(block, relax.DataflowBlock) and any(r.kind == "wait" for r in recs):
                 planned = _plan_block(recs, last_use, self.leaf, self.params)
-            if planned is None and any(r.new is not None for r in recs):
-                planned = [r.new or r.binding for r in recs]
+            if planned is None and any(r.new is not None or r.binding is None for r in recs):
+                # Left alone: each wait this pass was to place goes right after its copy.
+                planned = [r.new or r.binding or _wait_binding(r, 0) for r in recs]
             if planned is None:
                 new_blocks.append(block)
             else:
@@ -321,6 +336,11 @@ class _Reader:
         value = binding.value
         known = self.known.get(value.__chandle__()) if self.known else None
         if type(known) is tuple:  # a DMA builtin copy_to_dma emitted: no need to read it back
+            if len(known) == 5:  # a transfer's last copy, whose wait this pass makes
+                _, dma, uses, wait, wait_uses = known
+                copy = _Rec(binding, "copy", None, uses, _NOTHING, _NOTHING, dma)
+                # The var is the copy_tensor's (void: never used, so the transfer may move).
+                return copy, _Rec(None, "wait", binding.var, wait_uses, _NOTHING, _NOTHING, wait)
             kind, dma, uses = known
             var = binding.var if kind != "copy" else None
             return _Rec(binding, kind, var, uses, _NOTHING, _NOTHING, dma)
@@ -698,11 +718,11 @@ def _emit(out: list, after: dict, recs: list[_Rec]) -> list | None:
         start(after[-1])
     for slot, entry in enumerate(out):
         if isinstance(entry, _Unit):
-            inflight = issued[entry.queue] - entry.rank
-            result.append(entry.wait.binding if inflight == 0 else _with_inflight(entry.wait, inflight))
+            result.append(_wait_binding(entry.wait, issued[entry.queue] - entry.rank))
         elif isinstance(entry, tuple):  # a fixed transfer, as it was
             unit = entry[0]
-            result.extend(r.binding for r in unit.views + unit.copies + [unit.wait])
+            result.extend(r.binding for r in unit.views + unit.copies)
+            result.append(_wait_binding(unit.wait, 0))
             issued[unit.queue] += len(unit.copies)
         else:
             result.append(entry)
@@ -713,9 +733,12 @@ def _emit(out: list, after: dict, recs: list[_Rec]) -> list | None:
     return result
 
 
-def _with_inflight(wait: _Rec, inflight: int) -> relax.VarBinding:
-    """The wait binding with ``inflight_dma`` replaced, keeping its var (and its immediates'
-    dtype when read from IR)."""
+def _wait_binding(wait: _Rec, inflight: int) -> relax.VarBinding:
+    """The wait binding with ``inflight_dma``: the one read, when the count is its own, else
+    rebuilt keeping its var (and its immediates' dtype when read from IR); made with a new var
+    when copy_to_dma left it to this pass."""
+    if wait.binding is not None and inflight == wait.dma.inflight:
+        return wait.binding
     dma = wait.dma
     if dma.fields is None:  # emitted by copy_to_dma: int64 immediates, void
         fields = [_imm(dma.queue), _imm(inflight), _imm(dma.bypass), dma.src, dma.dst]
@@ -730,7 +753,8 @@ def _with_inflight(wait: _Rec, inflight: int) -> relax.VarBinding:
         fields[1] = imm(inflight, str(ty(fields[1]).dtype))
         call = relax.Call(old.op, [old.args[0], relax.Tuple(fields)], old.attrs, ty_args(old), old.span)
         set_type(call, ty(old) if ty(old) is not None else _VOID)
-    return relax.VarBinding(wait.binding.var, call)
+    var = _MAKE_VAR("gv", _VOID, None) if wait.binding is None else wait.binding.var
+    return _MAKE_BINDING(var, call, None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -742,7 +766,8 @@ def _schedule(
     target: relax.Function | tvm.IRModule, known: dict, check: bool = True
 ) -> relax.Function | tvm.IRModule:
     """:func:`sink_dma_waits`; ``known`` maps (the addresses of) DMA calls copy_to_dma emitted
-    to what they hold.  ``check=False`` skips the final ``well_formed``, for copy_to_dma, whose
+    to what they hold; a transfer's last ``dma_copy`` also holds the wait this pass makes for
+    it (copy_to_dma with ``overlap=True`` emits none).  ``check=False`` skips the final ``well_formed``, for copy_to_dma, whose
     input was checked: the schedule only reorders a block's bindings, each after what it
     uses, and changes immediates (the tests check every output)."""
     if isinstance(target, relax.Function):
