@@ -15,7 +15,7 @@ from tvm.script import relax as R
 
 import rewrite_ext  # noqa: F401 - registers R.vm.copy_tensor
 from rewrite_ext.cli import load_module
-from rewrite_ext.hexagon import copy_to_dma, cpu_dma, overlap_report
+from rewrite_ext.hexagon import copy_to_dma, cpu_dma, overlap_report, sink_dma_waits
 from rewrite_ext.ops import copy_tensor
 from rewrite_ext.compat import VOID_TY_ARGS, TensorType, dtype_name, set_var_remap, ty
 
@@ -165,6 +165,7 @@ def test_a_copy_larger_than_a_descriptor_runs_chunked_under_the_stand_in(overlap
     assert dma.copies == 2 and dma.waits == 1 and dma.bytes_copied == x.nbytes
     assert dma.peak_in_flight == {0: 2}
     if overlap:  # both chunks in flight while the multiply runs
+        tvm.ir.assert_structural_equal(rewritten, sink_dma_waits(copy_to_dma(mod)))
         (first, second) = overlap_report(rewritten)
         assert first.overlapped == second.overlapped == 1
 

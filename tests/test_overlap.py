@@ -947,6 +947,8 @@ def test_legacy_waits_stay_next_to_their_copy_and_bound_other_waits():
 def test_all_legacy_output_of_copy_to_dma_is_unchanged():
     legacy = copy_to_dma(two_copies_original(), legacy_wait=True)["main"]
     assert_unchanged(legacy)
+    # and copy_to_dma(overlap=True) gives the same: each copy with its legacy wait
+    tvm.ir.assert_structural_equal(copy_to_dma(two_copies_original(), legacy_wait=True, overlap=True)["main"], legacy)
 
 
 @R.function(pure=False)

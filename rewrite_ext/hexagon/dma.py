@@ -152,18 +152,21 @@ def _dma_rewriter(
             # One descriptor carries at most 2**24 - 1 bytes: one dma_copy per chunk, all on
             # one queue, covered by the single wait below.
             pairs = list(zip(_chunk_views(builder, src, nbytes), _chunk_views(builder, dst, nbytes)))
-        copies = [_builtin(DMA_COPY, [part_src, part_dst, _imm(queue), _imm(bypass_cache)]) for part_src, part_dst in pairs]
+        copies = [_builtin(DMA_COPY, [s, d, _imm(queue), _imm(bypass_cache)]) for s, d in pairs]
         if known is not None:
             # What the overlap pass would read back, so it need not: reading IR fields costs
-            # far more than the scheduling itself.
+            # far more than the scheduling itself.  (One copy: its record is its transfer's.)
+            whole = (_DMA(queue, int(bypass_cache), src, dst), _vars(src, dst))
             for copy, (part_src, part_dst) in zip(copies, pairs):
-                uses = _vars(part_src, part_dst)
-                known[copy.__chandle__()] = ("copy", _DMA(queue, int(bypass_cache), part_src, part_dst), uses)
+                part = whole
+                if len(pairs) > 1:
+                    part = (_DMA(queue, int(bypass_cache), part_src, part_dst), _vars(part_src, part_dst))
+                known[copy.__chandle__()] = ("copy",) + part
             if not legacy_wait:
                 # The overlap schedule makes the wait where it lands, with its inflight_dma: the
                 # last copy replaces the copy_tensor and carries what the wait will hold.  Half
                 # the bindings through the builder, and no wait built only to be rebuilt.
-                known[copies[-1].__chandle__()] += (_DMA(queue, int(bypass_cache), src, dst), _vars(src, dst))
+                known[copies[-1].__chandle__()] += whole
                 for copy in copies[:-1]:
                     builder.emit(copy)
                 return copies[-1]
