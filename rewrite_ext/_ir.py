@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Iterator
 
 import tvm
@@ -42,7 +43,7 @@ def is_expr(value: object) -> bool:
 
 
 def static_nbytes(ty: object) -> int | None:
-    """The bytes of a tensor type of static shape and dtype (runtime rounding), else None."""
+    """The bytes of a tensor type of static shape and dtype (see :func:`data_size`), else None."""
     if not isinstance(ty, TensorType) or ty.dtype is None or not isinstance(ty.shape, relax.ShapeExpr):
         return None
     count = 1
@@ -50,8 +51,37 @@ def static_nbytes(ty: object) -> int | None:
         if not isinstance(dim, tvm.tirx.IntImm):
             return None
         count *= int(dim)
-    dtype = tvm.DataType(dtype_name(ty))
-    return count * ((dtype.bits * dtype.lanes + 7) // 8)
+    return data_size(count, dtype_name(ty))
+
+
+@functools.lru_cache(maxsize=None)
+def _element_bits(dtype: str) -> tuple[int, bool]:
+    """(bits an element, stored one byte an element) of ``dtype``."""
+    dt = tvm.DataType(dtype)
+    bits = dt.bits * dt.lanes
+    return bits, bits == 1 and dt.type_code == _UINT and _uint1_unpacked()
+
+
+@functools.lru_cache(maxsize=None)
+def _uint1_unpacked() -> bool:
+    # tvm-ffi 0.1.12 (TVM 0.25's) stores uint1 a byte an element; later ones pack it.  Asked
+    # of the runtime itself: a byte view of 8 uint1 elements fits only if they take 8 bytes.
+    try:
+        tvm.runtime.empty((8,), "uint1")._create_view((8,), "uint8")
+    except Exception:  # noqa: BLE001 - the runtime's size check
+        return False
+    return True
+
+
+_UINT = 1  # DLPack's kDLUInt
+
+
+def data_size(count: int, dtype: str) -> int:
+    """The bytes ``count`` elements of ``dtype`` take in a runtime tensor: tvm-ffi's
+    ``GetDataSize``, where sub-byte types are packed (8 ``int4`` s in 4 bytes) and the total
+    rounded up to a byte."""
+    bits, unpacked = _element_bits(dtype)
+    return count if unpacked else (count * bits + 7) // 8
 
 
 def used_vars(expr: relax.Expr) -> set[relax.Var]:

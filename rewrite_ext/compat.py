@@ -218,7 +218,11 @@ def data_ptr(tensor: tvm.runtime.Tensor) -> int:
         return tensor.data_ptr()
     import numpy as np
 
-    return np.from_dlpack(tensor).__array_interface__["data"][0]
+    try:
+        array = np.from_dlpack(tensor)
+    except RuntimeError:  # a dtype numpy has not (int4): the address of its first byte
+        array = np.from_dlpack(tensor._create_view((1,), "uint8"))
+    return array.__array_interface__["data"][0]
 
 
 def sblock_written_params(func: tvm.tirx.PrimFunc) -> set[int] | None:

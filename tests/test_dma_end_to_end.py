@@ -170,6 +170,37 @@ def test_a_copy_larger_than_a_descriptor_runs_chunked_under_the_stand_in(overlap
         assert first.overlapped == second.overlapped == 1
 
 
+def _int4_copy(n: int) -> tvm.IRModule:
+    """``n`` int4s copied from a view of the bytes ``x`` into ``y``, whose bytes come back
+    through another view.  The runtime stores int4 packed, two a byte (tvm-ffi's
+    ``GetDataSize``, which the Hexagon builtins use too); Relax's type inference counts a byte
+    an element, so ``x`` is sized for that."""
+    nbytes = (n + 1) // 2
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", TensorType([n], "uint8"))
+    y = relax.Var("y", TensorType([n], "int4"))
+    with bb.function("main", [x, y], pure=False):
+        packed = bb.emit(relax.op.memory.view(x, relax.ShapeExpr([n]), "int4"))
+        bb.emit(copy_tensor(packed, y))
+        bb.emit_func_output(bb.emit(relax.op.memory.view(y, relax.ShapeExpr([nbytes]), "uint8")))
+    return bb.get()
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("n", [7, 2**24 + 2], ids=["7 int4s", "2**24+2 int4s"])
+def test_a_sub_byte_copy_moves_its_packed_bytes(n, overlap):
+    # 2**24 + 2 int4s take 8 MiB + 1 byte: one descriptor (a byte an element would be two).
+    nbytes = (n + 1) // 2
+    rewritten = copy_to_dma(_int4_copy(n), overlap=overlap)
+    executable = relax.build(rewritten, target="llvm")
+    x = np.random.default_rng(7).integers(0, 256, n, dtype="uint8")
+    with cpu_dma() as dma:
+        vm = relax.VirtualMachine(executable, tvm.cpu())
+        out = vm["main"](tvm.runtime.tensor(x), tvm.runtime.empty((n,), "int4")).numpy()
+    np.testing.assert_array_equal(out, x[:nbytes])
+    assert dma.copies == 1 and dma.waits == 1 and dma.bytes_copied == nbytes
+
+
 # ---------------------------------------------------------------------------------------------
 # A model: an nn MLP lowered by TVM's own passes, with copies staged in by hand
 # ---------------------------------------------------------------------------------------------

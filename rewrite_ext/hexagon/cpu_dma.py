@@ -54,6 +54,7 @@ import numpy as np
 import tvm
 import tvm_ffi
 
+from .._ir import data_size
 from ..compat import data_ptr
 from .dma import DMA_COPY, DMA_WAIT
 
@@ -113,8 +114,7 @@ class DMAError(Exception):
 
 
 def _nbytes(tensor: tvm_ffi.Tensor) -> int:
-    dtype = tvm_ffi.dtype(str(tensor.dtype))
-    return int(np.prod(tensor.shape, dtype=np.int64)) * ((dtype.bits * dtype.lanes + 7) // 8)
+    return data_size(int(np.prod(tensor.shape, dtype=np.int64)), str(tensor.dtype))
 
 
 def _describe(tensor: tvm_ffi.Tensor) -> str:

@@ -444,12 +444,6 @@ class _Reader:
         )
 
 
-@functools.lru_cache(maxsize=None)
-def _itemsize(dtype: str) -> int:
-    dt = tvm.DataType(dtype)
-    return (dt.bits * dt.lanes + 7) // 8
-
-
 def _nbytes(shape: object, dtype: object) -> int | None:
     """Bytes of ``alloc_tensor``'s static shape and dtype arguments, else None."""
     dtype = getattr(dtype, "value", None)  # R.dtype(...) holds a tvm_ffi.dtype
@@ -461,7 +455,7 @@ def _nbytes(shape: object, dtype: object) -> int | None:
         if value is None:
             return None
         count *= value
-    return count * _itemsize(str(dtype))
+    return _ir.data_size(count, str(dtype))
 
 
 def _may_hold_memory(ty: object) -> bool:

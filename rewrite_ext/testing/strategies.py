@@ -48,6 +48,7 @@ from tvm.relax.op import vm as _vm
 
 from .opspecs import DEFAULT_OPS, OpSpec, dims, resolve_ops, same_dim
 from ..compat import ObjectType, PrimType, ShapeType, TensorType, TupleType, dtype_name, ret_ty, ty, ty_args, var_name
+from .._ir import data_size
 
 __all__ = ["lowered_copy_functions", "lowered_functions", "relax_functions", "relax_modules"]
 
@@ -1003,7 +1004,7 @@ def _staged(func: relax.Function, scratch: relax.BlockBuilder, primfuncs: set) -
                 bindings.append(binding)
                 continue
             shape, dtype = [int(d) for d in dims(out_type)], dtype_name(out_type)
-            nbytes = max(math.prod(shape) * _itemsize(dtype), 1)
+            nbytes = max(data_size(math.prod(shape), dtype), 1)
             name = var_name(out)
 
             def bind(name_: str, expr: relax.Expr) -> relax.Var:
@@ -1152,11 +1153,12 @@ class _Tensor(_Value):
 
     @property
     def nbytes(self) -> int:
-        return math.prod(self.ty.shape) * _itemsize(self.ty.dtype)
+        return data_size(math.prod(self.ty.shape), self.ty.dtype)
 
 
 def _itemsize(dtype: str) -> int:
-    return tvm.DataType(dtype).bits // 8
+    """The alignment of a tensor of ``dtype``: its element's bytes, a byte for sub-byte types."""
+    return max(tvm.DataType(dtype).bits // 8, 1)
 
 
 class _LoweredPlanner:
