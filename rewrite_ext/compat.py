@@ -228,7 +228,8 @@ def data_ptr(tensor: tvm.runtime.Tensor) -> int:
 def sblock_written_params(func: tvm.tirx.PrimFunc) -> set[int] | None:
     """The indices of ``func``'s parameters its root block may write.
 
-    Opaque accesses count as writes.  None when ``func``'s body is not one
+    Opaque accesses count as writes, and so does a parameter the kernel reaches by pointer
+    or through another buffer over its memory.  None when ``func``'s body is not one
     ``SBlockRealize`` (a scheduled or hand-written kernel): it may write any.
     ``SBlockRealize`` is in ``tvm.s_tir`` in 0.27, ``tvm.tirx`` before;
     ``get_sblock_read_write_region`` takes the parameters (0.26+) or the buffers
@@ -253,7 +254,69 @@ def sblock_written_params(func: tvm.tirx.PrimFunc) -> set[int] | None:
         buffer = buffer_map.get(param)
         return any(param.same_as(w) or (buffer is not None and buffer.same_as(w)) for w in written)
 
-    return {i for i, p in enumerate(params) if is_written(p)}
+    return {i for i, p in enumerate(params) if is_written(p)} | _reached_by_pointer(func)
+
+
+# TIR ops through which a kernel holds a parameter's memory by pointer: what it then does with
+# it (a store through a decl_buffer alias, an extern memcpy) TVM's region analysis cannot see.
+_POINTER_OPS = {"address_of", "buffer_data", "tvm_access_ptr", "tvm_stack_make_array"}
+
+
+def _reached_by_pointer(func: tvm.tirx.PrimFunc) -> set[int]:
+    """The indices of ``func``'s parameters whose memory the kernel takes a pointer to, or
+    views through another buffer: it may write them.
+
+    TVM 0.26+ names a parameter's buffer by the parameter itself and its data pointer
+    ``buffer_data(A)``; 0.25 has a data var of the buffer, which appears bare where a pointer
+    is taken and as the data of an alias buffer.
+    """
+    params = list(func.params)
+    if TYPES:
+        index = {p.__chandle__(): i for i, p in enumerate(params)}
+        found: set[int] = set()
+
+        def mark(node: object) -> None:
+            i = index.get(node.__chandle__()) if hasattr(node, "__chandle__") else None
+            if i is not None:
+                found.add(i)
+
+        def visit(node: object) -> None:
+            op = getattr(node, "op", None)
+            if isinstance(op, tvm.ir.Op) and op.name.rsplit(".", 1)[-1] in _POINTER_OPS:
+                _walk_tir(node, mark)
+
+        _walk_tir(func.body, visit)
+        return found
+    own = {func.buffer_map[p].data.__chandle__(): (i, func.buffer_map[p]) for i, p in enumerate(params) if p in func.buffer_map}
+    found = set()
+
+    def visit_025(node: object) -> None:
+        if isinstance(node, tvm.tirx.Var) and node.__chandle__() in own:
+            found.add(own[node.__chandle__()][0])  # the data pointer itself, as an argument
+        buffer = getattr(node, "buffer", None)
+        if isinstance(buffer, tvm.tirx.Buffer) and buffer.data.__chandle__() in own:
+            i, mine = own[buffer.data.__chandle__()]
+            if not buffer.same_as(mine):
+                found.add(i)  # another buffer over its memory (a decl_buffer alias)
+        op = getattr(node, "op", None)
+        if isinstance(op, tvm.ir.Op) and op.name.rsplit(".", 1)[-1] in _POINTER_OPS:
+            for arg in node.args:
+                data = getattr(getattr(arg, "buffer", None), "data", None)
+                if data is not None and data.__chandle__() in own:
+                    found.add(own[data.__chandle__()][0])
+
+    _walk_tir(func.body, visit_025)
+    return found
+
+
+def _walk_tir(root: object, visit) -> None:
+    """Call ``visit`` on every node under ``root``: tvm-ffi's structural walk where it has one
+    (0.27 has no other), else TIR's ``post_order_visit``."""
+    walk = getattr(tvm_ffi, "structural_walk", None)
+    if walk is not None:
+        walk(root, ((object, visit),))
+    else:
+        tvm.tirx.stmt_functor.post_order_visit(root, visit)
 
 
 #: A tensor constant's class: ``relax.Constant`` to 0.26, ``tvm.ir.expr.Constant`` in 0.27.

@@ -16,6 +16,7 @@ from tvm import relax
 from tvm.relax.frontend import nn
 from tvm.script import ir as I
 from tvm.script import relax as R
+from tvm.script import tirx as T
 
 import rewrite_ext  # noqa: F401 - registers R.vm.copy_tensor
 from rewrite_ext.hexagon import (
@@ -285,6 +286,59 @@ def test_vtcm_storage_needs_the_stand_in_on_the_cpu():
     # left: TVM's allocator is back
     with pytest.raises(tvm.error.InternalError):
         _run(staged, _tiny_inputs())
+
+
+# Two kernels that write their first parameter where TVM's region analysis sees no write of
+# it: through a decl_buffer over its data, and through a pointer handed to an extern call.
+@I.ir_module
+class WritesThroughAnAlias:
+    @T.prim_func(private=True, s_tir=True)
+    def fill(A: T.Buffer((4,), "float32"), B: T.Buffer((4,), "float32")):
+        alias = T.decl_buffer((4,), "float32", data=A.data)
+        for i in range(4):
+            with T.sblock("b"):
+                vi = T.axis.spatial(4, i)
+                alias[vi] = B[vi] + T.float32(1)
+
+    @R.function
+    def main(x: R.Tensor((4,), "float32"), out: R.Tensor((4,), "float32")) -> R.Tensor((4,), "float32"):
+        R.func_attr({"relax.force_pure": True})
+        cls = WritesThroughAnAlias
+        cls.fill(out, x)
+        return out
+
+
+@I.ir_module
+class WritesThroughAPointer:
+    @T.prim_func(private=True, s_tir=True)
+    def fill(A: T.Buffer((4,), "float32"), B: T.Buffer((4,), "float32")):
+        for i in range(4):
+            with T.sblock("b"):
+                vi = T.axis.spatial(4, i)
+                T.evaluate(T.call_extern("int32", "memcpy", T.address_of(A[vi]), T.address_of(B[vi]), 4))
+
+    @R.function
+    def main(x: R.Tensor((4,), "float32"), out: R.Tensor((4,), "float32")) -> R.Tensor((4,), "float32"):
+        R.func_attr({"relax.force_pure": True})
+        cls = WritesThroughAPointer
+        cls.fill(out, x)
+        return out
+
+
+@pytest.mark.parametrize(
+    "mod, expected",
+    [(WritesThroughAnAlias, [1, 2, 3, 4]), (WritesThroughAPointer, [0, 1, 2, 3])],
+    ids=["decl_buffer alias", "address_of in an extern call"],
+)
+def test_an_argument_the_kernel_writes_through_an_alias_or_a_pointer_is_not_staged(mod, expected):
+    # Staged, the kernel would write the VTCM copy and `out` would keep what it held.
+    x, out = np.arange(4, dtype="float32"), np.full(4, -7, "float32")
+    staged = stage_in_vtcm(mod)
+    assert "out" not in [t.argument for t in plan_vtcm(mod).tensors]
+    with cpu_vtcm():
+        got = _run(staged, [x, out])
+    np.testing.assert_array_equal(got, np.array(expected, "float32"))
+    np.testing.assert_array_equal(_run(mod, [x, out]), got)
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["plain", "overlap"])

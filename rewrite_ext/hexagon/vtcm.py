@@ -30,6 +30,7 @@ knows no ``global.vtcm`` scope.
 
 from __future__ import annotations
 
+import functools
 import numbers
 import warnings
 from collections.abc import Callable
@@ -196,10 +197,11 @@ class VTCMPlan:
 # -- planning ----------------------------------------------------------------------------
 
 
-def _written_params(func: tvm.tirx.PrimFunc) -> set[int]:
+@functools.lru_cache(maxsize=1024)  # a model calls each kernel many times
+def _written_params(func: tvm.tirx.PrimFunc) -> frozenset[int]:
     """The indices of the PrimFunc parameters it may write (all, when it cannot tell)."""
     written = sblock_written_params(func)
-    return set(range(len(func.params))) if written is None else written
+    return frozenset(range(len(func.params)) if written is None else written)
 
 
 _ALLOC_TENSOR = ("relax.vm.alloc_tensor", "relax.memory.alloc_tensor")
@@ -212,7 +214,7 @@ def _scope_of(call: relax.Call) -> str | None:
     return None
 
 
-def _kernel(call: relax.Call, mod: tvm.IRModule) -> tuple[str, set[int] | None] | None:
+def _kernel(call: relax.Call, mod: tvm.IRModule) -> tuple[str, frozenset[int] | None] | None:
     """The callee's name and the arguments it may write (None: unknown), if a kernel call."""
     if isinstance(call.op, relax.GlobalVar) and isinstance(mod[call.op], tvm.tirx.PrimFunc):
         return call.op.name_hint, _written_params(mod[call.op])
