@@ -218,6 +218,21 @@ def test_inputs_cover_symbolic_shapes_match_cast_and_every_parameter_kind():
 
 
 @R.function
+def shape_param(a: R.Tensor((4,), "float32"), s: R.Shape(["m"]), u: R.Shape(["m", 2])):
+    m = T.int64()
+    return (R.add(a, a), s, u)
+
+
+def test_a_symbolic_var_only_an_r_shape_parameter_defines_is_drawn_or_taken_from_sizes():
+    a, s, u = random_inputs(shape_param, 1)
+    assert len(s) == 1 and 1 <= s[0] <= 4 and tuple(u) == (s[0], 2)
+    assert tuple(random_inputs(shape_param, sizes={"m": 7})[1]) == (7,)
+    doubled, s_out, _ = run(shape_param, [a, s, u])
+    np.testing.assert_allclose(doubled, a + a)
+    assert tuple(s_out) == tuple(s)
+
+
+@R.function
 def symbolic_wrong(x: R.Tensor(("n", 4), "float32"), y: R.Tensor(dtype="float32", ndim=2), p: R.Prim("int64"),
                    s: R.Shape(ndim=2), o: R.Object, t: R.Tuple(R.Tensor((4,), "float32"), R.Tensor((4,), "float32"))):  # fmt: skip
     n = T.int64()

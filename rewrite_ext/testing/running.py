@@ -149,15 +149,23 @@ def _dim_vars(dim: Any) -> list[str]:
 
 
 def _symbols(func: relax.Function) -> list[str]:
-    """Names of the symbolic shape variables of ``func``'s signature and match_casts, in order."""
+    """Names of the symbolic variables of ``func``'s signature (tensor shapes, ``R.Shape``,
+    ``R.Prim(value=...)``) and match_casts, in order."""
     names: list[str] = []
+
+    def add(dims: Any) -> None:
+        for dim in dims:
+            for name in _dim_vars(dim):
+                if name not in names:
+                    names.append(name)
 
     def visit(ty: Any) -> None:
         if isinstance(ty, TensorType) and ty.shape is not None and hasattr(ty.shape, "values"):
-            for dim in ty.shape.values:
-                for name in _dim_vars(dim):
-                    if name not in names:
-                        names.append(name)
+            add(ty.shape.values)
+        elif isinstance(ty, ShapeType) and ty.values is not None:
+            add(ty.values)
+        elif isinstance(ty, PrimType) and getattr(ty, "value", None) is not None:
+            add([ty.value])  # R.Prim(value="n")
         elif isinstance(ty, TupleType):
             for f in ty.fields:
                 visit(f)
@@ -194,6 +202,8 @@ def _random_value(ty: Any, rng: np.random.Generator, sizes: Mapping[str, int]) -
         low, high = (0, 100) if dtype.startswith("uint") else (-100, 100)
         return rng.integers(low, high, size=shape).astype(dtype)
     if isinstance(ty, PrimType):
+        if getattr(ty, "value", None) is not None:
+            return _eval_dim(ty.value, sizes)
         dtype = str(ty.dtype)
         if dtype == "bool":
             return bool(rng.integers(0, 2))
