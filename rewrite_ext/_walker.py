@@ -485,7 +485,7 @@ class FunctionPass(PyExprMutator):
             self._fail(
                 binding,
                 rule,
-                f"the rewriter returned a {type(new_value).__name__}, not a relax.Expr "
+                f"the rewriter returned {_a(type(new_value).__name__)}, not a relax.Expr "
                 "(return a relax expression, or None to decline)",
             )
         return emitted, landed, new_value, None
@@ -614,6 +614,11 @@ class FunctionPass(PyExprMutator):
         error.__cause__ = cause
         self.error = error
         raise error
+
+
+def _a(noun: str) -> str:
+    """``noun`` with its indefinite article: "an int", "a str"."""
+    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
 
 
 def _equal_rebuild(new_value: relax.Expr, value: relax.Expr) -> bool:

@@ -135,9 +135,11 @@ def test_rewriter_that_raises_is_reported_with_the_original_exception_chained():
     assert "KeyError" in message and "'b'" in message and "relax.add" in message
 
 
-@pytest.mark.parametrize("returned", [42, "R.add(a, b)", [relax.const(1.0)]])
-def test_rewriter_returning_a_non_expression_is_an_error(returned):
-    with pytest.raises(RewriteError, match="not a relax.Expr") as info:
+@pytest.mark.parametrize(
+    "returned, what", [(42, "an int"), ("R.add(a, b)", "a str"), ([relax.const(1.0)], "a list")]
+)
+def test_rewriter_returning_a_non_expression_is_an_error(returned, what):
+    with pytest.raises(RewriteError, match=f"returned {what}, not a relax.Expr") as info:
         rewrite_call(ADD, lambda orig, m: returned, add_chain)
     assert "'b'" in str(info.value)
 

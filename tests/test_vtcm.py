@@ -475,6 +475,10 @@ def test_a_module_not_lowered_yet_gets_a_warning_that_nothing_was_staged():
             return y
 
     legalized = relax.transform.LegalizeOps()(High)
-    with pytest.warns(UserWarning, match="not lowered yet"):
-        out = stage_in_vtcm(legalized, capacity=4096)
-    tvm.ir.assert_structural_equal(out, legalized)
+    for mod, holds in [(High, "R.add"), (legalized, "R.call_tir")]:
+        with pytest.warns(UserWarning, match=f"still holds {holds}, so it is not lowered yet"):
+            out = stage_in_vtcm(mod, capacity=4096)
+        tvm.ir.assert_structural_equal(out, mod)
+    with pytest.warns(VTCMCapacityWarning) as record:  # lowered, nothing fits: only that is said
+        stage_in_vtcm(LOWER(High), capacity=0)
+    assert not [w for w in record if "not lowered" in str(w.message)]

@@ -378,16 +378,18 @@ def _staging_rewriter(plan: VTCMPlan) -> Callable[[relax.Expr, dict, relax.Block
     return stage_rewriter
 
 
-def _holds_call_tir(target: relax.Function | tvm.IRModule) -> bool:
+def _not_lowered(target: relax.Function | tvm.IRModule) -> str | None:
+    """What shows ``target`` is not lowered to VM-level IR yet (an ``R.call_tir``, or an
+    operator LegalizeOps would legalize), else None."""
     functions = [target] if isinstance(target, relax.Function) else [
         f for _, f in target.functions_items() if isinstance(f, relax.Function)
     ]
-    call_tir = tvm.ir.Op.get("relax.call_tir")
-    return any(
-        isinstance(b.value, relax.Call) and b.value.op.same_as(call_tir)
-        for f in functions
-        for b in all_bindings(f)
-    )
+    for f in functions:
+        for b in all_bindings(f):
+            op = b.value.op if isinstance(b.value, relax.Call) else None
+            if isinstance(op, tvm.ir.Op) and (op.name == "relax.call_tir" or op.get_attr("FLegalize") is not None):
+                return f"R.{op.name.removeprefix('relax.')}"
+    return None
 
 
 def stage_in_vtcm(
@@ -443,11 +445,12 @@ def stage_in_vtcm(
             VTCMCapacityWarning,
             stacklevel=2,
         )
-    if not plan.tensors and _holds_call_tir(target):
+    unlowered = _not_lowered(target) if not plan.tensors else None
+    if unlowered is not None:
         warnings.warn(
-            "stage_in_vtcm: nothing staged: the module still holds R.call_tir, so it is not lowered "
-            "yet; stage after TVM's CallTIRRewrite and StaticPlanBlockMemory (see LOWER_TO_VM_IR in "
-            "examples/mlp_vtcm.py and docs/hexagon-dma.md)",
+            f"stage_in_vtcm: nothing staged: the module still holds {unlowered}, so it is not "
+            "lowered yet; stage after TVM's LegalizeOps, CallTIRRewrite and StaticPlanBlockMemory "
+            "(see LOWER_TO_VM_IR in examples/mlp_vtcm.py and docs/hexagon-dma.md)",
             UserWarning,
             stacklevel=2,
         )
