@@ -421,7 +421,8 @@ def stage_in_vtcm(
     capacity : Union[int, str, tvm.target.Target, None]
         VTCM bytes per function, or a Hexagon target whose
         ``vtcm-capacity`` is used (see :func:`vtcm_capacity`).  Default: the
-        current target's, else ``qcom/hexagon-v68``'s 4 MiB.
+        current target's when it carries ``vtcm-capacity`` (a Hexagon
+        target), else ``qcom/hexagon-v68``'s 4 MiB (also under ``Target("llvm")``).
 
     Returns
     -------
