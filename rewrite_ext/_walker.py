@@ -15,6 +15,7 @@ differ from the same expression after it).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -456,7 +457,7 @@ class FunctionPass(PyExprMutator):
                     normalized = _ir.normalize(builder, new_value)
                 except Exception as exc:  # noqa: BLE001 - TVM's type inference errors
                     self._fail(
-                        binding, rule, f"the rewriter returned an expression TVM cannot normalize: {exc}", exc
+                        binding, rule, f"the rewriter returned an expression TVM cannot normalize: {_short(exc)}", exc
                     )
                 if not in_frame and not normalized.same_as(new_value):
                     landed = _ir.bindings_normalize_emitted(builder, new_value, normalized)
@@ -614,6 +615,15 @@ class FunctionPass(PyExprMutator):
         error.__cause__ = cause
         self.error = error
         raise error
+
+
+# TVM 0.26+ prints an op in its messages as its whole node, arguments' docs and all.
+_OP_NODE = re.compile(r'ir\.Op\(span=[^"]*name="([^"]+)".*?support_level=\d+\)')
+
+
+def _short(exc: BaseException) -> str:
+    """TVM's message, each op named rather than printed whole."""
+    return _OP_NODE.sub(r"\1", str(exc))
 
 
 def _a(noun: str) -> str:
