@@ -123,7 +123,8 @@ def _rewrite_function(
             raise RewriteError(
                 f"rewrite_ext: in function '{name}', pattern {rules.description}: did not converge "
                 f"after max_iterations={max_iterations} passes; bindings still matching: "
-                f"{shown}{f' and {more} more' if more else ''}. {fix}, or raise max_iterations"
+                f"{shown}{f' and {more} more' if more else ''}. {fix} (TVM's matcher also matches "
+                "R.add and R.multiply with their operands swapped), or raise max_iterations"
             )
         if cleanup:
             cleaned = _cleanup.cleanup(result.func)

@@ -442,7 +442,9 @@ def stage_in_vtcm(
     if plan.left_in_place:
         warnings.warn(
             f"stage_in_vtcm: {len(plan.left_in_place)} tensor(s) do not fit in {plan.capacity} bytes of "
-            "VTCM and stay where they are: " + "; ".join(str(t) for t in plan.left_in_place),
+            "VTCM beside the slots already planned (a call's tensors take slots of their own, each "
+            "slot as large as its largest tensor) and stay where they are: "
+            + "; ".join(str(t) for t in plan.left_in_place),
             VTCMCapacityWarning,
             stacklevel=2,
         )
