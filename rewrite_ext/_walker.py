@@ -316,7 +316,7 @@ class FunctionPass(PyExprMutator):
                 binding,
                 rule,
                 f"the rewrite of binding '{retyped}' changed its var's type, and TVM cannot type "
-                f"this binding against it: {type(exc).__name__}: {exc}",
+                f"this binding against it: {type(exc).__name__}: {_short(exc)}",
                 exc,
             )
 

@@ -281,8 +281,7 @@ def _reached_by_pointer(func: tvm.tirx.PrimFunc) -> set[int]:
                 found.add(i)
 
         def visit(node: object) -> None:
-            op = getattr(node, "op", None)
-            if isinstance(op, tvm.ir.Op) and op.name.rsplit(".", 1)[-1] in _POINTER_OPS:
+            if _takes_a_pointer(node):
                 _walk_tir(node, mark)
 
         _walk_tir(func.body, visit)
@@ -298,8 +297,7 @@ def _reached_by_pointer(func: tvm.tirx.PrimFunc) -> set[int]:
             i, mine = own[buffer.data.__chandle__()]
             if not buffer.same_as(mine):
                 found.add(i)  # another buffer over its memory (a decl_buffer alias)
-        op = getattr(node, "op", None)
-        if isinstance(op, tvm.ir.Op) and op.name.rsplit(".", 1)[-1] in _POINTER_OPS:
+        if _takes_a_pointer(node):
             for arg in node.args:
                 data = getattr(getattr(arg, "buffer", None), "data", None)
                 if data is not None and data.__chandle__() in own:
@@ -307,6 +305,12 @@ def _reached_by_pointer(func: tvm.tirx.PrimFunc) -> set[int]:
 
     _walk_tir(func.body, visit_025)
     return found
+
+
+def _takes_a_pointer(node: object) -> bool:
+    """Whether ``node`` is a call of one of ``_POINTER_OPS`` (``tirx.`` or ``tir.`` prefixed)."""
+    op = getattr(node, "op", None)
+    return isinstance(op, tvm.ir.Op) and op.name.rsplit(".", 1)[-1] in _POINTER_OPS
 
 
 def _walk_tir(root: object, visit) -> None:
