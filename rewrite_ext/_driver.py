@@ -206,14 +206,17 @@ def _check_signatures(old: tvm.IRModule, new: tvm.IRModule, changed: list[str]) 
             for gvar, func in new.functions_items():
                 if isinstance(func, relax.Function):
                     for callee in relax.analysis.all_global_vars(func):
-                        if callee.name_hint != gvar.name_hint:
-                            callers.setdefault(callee.name_hint, []).append(gvar.name_hint)
+                        # A recursive call counts: its binding keeps the old type too.
+                        caller = gvar.name_hint
+                        if callee.name_hint == caller:
+                            caller = f"{caller} itself (a recursive call)"
+                        callers.setdefault(callee.name_hint, []).append(caller)
         if name in callers:
             raise RewriteError(
                 f"rewrite_ext: in function '{name}': the rewrite changed its return type from "
                 f"{ret_ty(before)} to {ret_ty(after)}, but {', '.join(sorted(set(callers[name])))} "
-                "call(s) it and expect the old type; return a value of the old type, or rewrite "
-                "the callers too"
+                "call(s) it, and the bindings of those calls keep the old type; return a value "
+                "of the old type (R.astype back to it, say)"
             )
 
 

@@ -206,6 +206,29 @@ def is_impure(value: relax.Expr) -> bool:
 
 _LEAVES = (relax.Var, Constant)
 _OP = tvm.ir.Op
+# Pure by FPurity, yet they overwrite an argument (TVM's contract: one not used after them).
+_IN_PLACE = frozenset({"relax.call_tir_inplace", "relax.call_inplace_packed"})
+
+
+def is_barrier(value: relax.Expr) -> bool:
+    """Whether a match must not see through the bindings before ``value``: it may have a side
+    effect, or write an argument in place, so that a value computed before it differs from
+    the same expression after it."""
+    if type(value) is relax.Call:
+        op = value.op
+        if type(op) is _OP:
+            key = hash(op)
+            in_place = _OP_IN_PLACE.get(key)
+            if in_place is None:
+                in_place = _OP_IN_PLACE[key] = op.name in _IN_PLACE
+            if in_place:
+                return True
+    elif holds_blocks(value) and any(is_barrier(binding.value) for binding in all_bindings(value)):
+        return True
+    return is_impure(value)
+
+
+_OP_IN_PLACE: dict[int, bool] = {}
 
 
 def checks_purity(func: relax.Function) -> bool:

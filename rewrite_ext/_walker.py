@@ -9,8 +9,9 @@ binding.  TVM's pattern language does the matching.
 What a match may see: earlier bindings of the same block, as TVM's matcher
 sees them, except a ``match_cast`` (its value is not the cast value), a
 binding already rewritten in this pass, and anything before an impure
-binding (memory written in place there makes a value computed before it
-differ from the same expression after it).
+binding or an in-place call (``call_tir_inplace``, ``call_inplace_packed``:
+memory written in place there makes a value computed before it differ from
+the same expression after it).
 """
 
 from __future__ import annotations
@@ -289,7 +290,7 @@ class FunctionPass(PyExprMutator):
                         continue
                 self._emit_unchanged(binding, value)
                 if lookup is not None:
-                    if _ir.is_impure(value):
+                    if _ir.is_barrier(value):
                         lookup.clear()
                     elif type(binding) is relax.VarBinding:
                         var = binding.var
@@ -406,7 +407,7 @@ class FunctionPass(PyExprMutator):
         if recorder is not None:
             recorder.done(rule, self._scope_name(), binding, keep)
         if block.lookup is not None and (
-            _ir.is_impure(value) or any(_ir.is_impure(extra.value) for extra in new)
+            _ir.is_barrier(value) or any(_ir.is_barrier(extra.value) for extra in new)
         ):
             block.lookup.clear()
         result = self.result

@@ -45,7 +45,8 @@ def rewrite_call(
       (TVM's rewrite_call never offers impure calls in plain blocks.)
     * Patterns see through earlier bindings of the same block, as TVM's
       matcher does, but never through a ``match_cast``, nor across an impure
-      binding (memory written in place there makes a value computed before
+      binding or an in-place call such as ``R.call_tir_inplace`` (memory
+      written in place there makes a value computed before
       it differ from the same expression after it).
     * ``matchings[p]`` is what ``p`` matched, as TVM gives it: a var for a
       leaf, the bound call for a sub-pattern seen through a var.  An

@@ -253,6 +253,47 @@ def test_impure_bindings_are_not_seen_through():
     assert out.same_as(f)
 
 
+@I.ir_module
+class InPlace:
+    @T.prim_func(private=True)
+    def fill5(A: T.Buffer((4,), "float32")):
+        for i in range(4):
+            A[i] = T.float32(5)
+
+    @R.function
+    def main(x0: R.Tensor((4,), "float32")):
+        cls = InPlace
+        with R.dataflow():
+            x = R.add(x0, x0)
+            a = R.add(x, x)  # reads x before fill5 overwrites it
+            t = R.call_tir_inplace(cls.fill5, (x,), inplace_indices=[0], **{OUT_TY: R.Tensor((4,), "float32")})
+            b = R.exp(a)
+            R.output(b, t)
+        return (b, t)
+
+
+def test_in_place_calls_are_not_seen_through():
+    # call_tir_inplace is pure by FPurity, yet it overwrites x: exp(x * 2) rebuilt after it
+    # would read 5s (e^10 where the program computes e^1 for x0 = 0.25).
+    pattern = is_op("relax.exp")(is_op("relax.add")(X, X))
+    before = InPlace.script()
+    out = rewrite_call(pattern, lambda orig, m: relax.op.exp(relax.op.multiply(m[X], relax.const(2.0, "float32"))), InPlace)
+    assert out["main"].same_as(InPlace["main"])
+    assert InPlace.script() == before
+    # The same expression after nothing in place is still seen through.
+    pure = rewrite_call(pattern, lambda orig, m: relax.op.exp(relax.op.multiply(m[X], relax.const(2.0, "float32"))), add_exp)
+    assert not pure.same_as(add_exp)
+
+
+@R.function
+def add_exp(x: R.Tensor((4,), "float32")):
+    with R.dataflow():
+        a = R.add(x, x)
+        b = R.exp(a)
+        R.output(b)
+    return b
+
+
 def test_patterns_naming_a_global_var_are_described_in_errors():
     from tvm.relax.dpl import is_call_tir
 

@@ -20,6 +20,8 @@ from tvm.script import tirx as T
 
 import rewrite_ext  # noqa: F401 - registers R.vm.copy_tensor
 from rewrite_ext.hexagon import (
+    DMA_COPY,
+    DMA_WAIT,
     VTCM_SCOPE,
     VTCMCapacityWarning,
     copy_to_dma,
@@ -365,6 +367,29 @@ def test_mlp_lowered_by_tvm_staged_and_dma_equals_the_model(capacity, overlap):
     assert (len(plan.left_in_place) > 0) == (capacity == 36000)
     if overlap:
         assert dma.peak_in_flight[0] >= 2  # a kernel's two inputs in flight together
+
+
+def test_in_the_staged_mlp_a_transfer_is_in_flight_while_a_kernel_runs():
+    # relu_vtcm (slot 1) is allocated just before matmul1; its allocation moves up with the
+    # transfer, which then runs while transpose1 works on slot 0.
+    lowered = LOWER(example.export()[0])
+    func = copy_to_dma(stage_in_vtcm(lowered, capacity="qcom/hexagon-v68"), overlap=True)["forward"]
+    values = [b.value for block in func.body.blocks for b in block.bindings]
+
+    def dma_of(value: relax.Expr, builtin: str) -> list | None:
+        if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name == "relax.call_builtin_with_ctx":
+            if value.args[0].global_symbol == builtin:
+                return [var_name(f) if isinstance(f, relax.Var) else f for f in value.args[1].fields]
+        return None
+
+    copy = next(i for i, v in enumerate(values) if (dma_of(v, DMA_COPY) or [None])[0] == "relu")
+    wait = next(i for i, v in enumerate(values) if (dma_of(v, DMA_WAIT) or [None] * 4)[3] == "relu")
+    kernels = [
+        v.op.name_hint
+        for v in values[copy + 1 : wait]
+        if isinstance(v, relax.Call) and isinstance(v.op, relax.GlobalVar)
+    ]
+    assert kernels == ["transpose1"]
 
 
 class Block(nn.Module):

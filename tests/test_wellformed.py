@@ -879,3 +879,25 @@ def test_a_return_type_change_of_a_function_other_functions_call_is_an_error_nam
     # a lone function may change its own return type: nothing else sees it
     out = rewrite_call(ADD, broadcast, Mod["main"])
     assert [int(d) for d in ret_ty(out).shape.values] == [3, 4]
+
+
+def test_a_return_type_change_of_a_recursive_function_is_an_error():
+    # Its recursive call's binding would keep the old type: float16 arrives where the VM
+    # checks for float32.
+    @I.ir_module
+    class Mod:
+        @R.function
+        def main(x: R.Tensor((4,), "float32"), n: R.Tensor((), "int64")) -> R.Tensor((4,), "float32"):
+            cls = Mod
+            if R.less(n, R.const(1, "int64")):
+                r = R.add(x, x)
+            else:
+                r0 = cls.main(x, R.subtract(n, R.const(1, "int64")))
+                r = R.multiply(r0, x)
+            return r
+
+    before = Mod.script()
+    with pytest.raises(RewriteError, match="changed its return type") as info:
+        rewrite_call(ADD, lambda orig, m: relax.op.astype(relax.op.multiply(m[X], relax.const(2.0, "float32")), "float16"), Mod)
+    assert "main itself (a recursive call)" in str(info.value)
+    assert Mod.script() == before

@@ -13,7 +13,10 @@ Transfers
     transfer depends on: what defines src and dst, the last write of memory
     that may alias src, the last read or write of memory that may alias dst,
     the wait of an earlier transfer it conflicts with, and the previous
-    transfer of its queue (so each queue keeps program order).  Its wait moves
+    transfer of its queue (so each queue keeps program order).  The
+    ``alloc_tensor`` of dst, when it stands just before the copy (as
+    ``stage_in_vtcm`` emits it), moves up with them: it touches no memory, and
+    what the bytes it reuses held still orders the copy.  Its wait moves
     down to just before the first binding that conflicts with it, or to the
     end of the block.  Nothing leaves its block; compute keeps its order.
 Conflicts
@@ -386,7 +389,7 @@ class _Reader:
                 args = call.args
                 storage, offset = _arg(args, 0), _arg(args, 1)
                 self.facts[_h(var)] = self._placed(self.leaf(storage), imm_value(offset), size)
-                return _Rec(binding, "compute", var, _arg_vars([storage]))
+                return _Rec(binding, "alloc", var, _arg_vars([storage]))
         args = _ir.elements(call.args)
         if kind == "builtin":
             dma = _read_dma(args)
@@ -401,7 +404,7 @@ class _Reader:
             return _Rec(binding, "compute", var, uses)
         if kind == "tensor":
             self.facts[_h(var)] = self._placed(self.leaf(args[0]), imm_value(args[1]), _nbytes(args[2], args[3]))
-            return _Rec(binding, "compute", var, uses)
+            return _Rec(binding, "alloc", var, uses)
         first = self.leaf(args[0]) if args else _NOTHING
         if kind == "view":
             self.facts[_h(var)] = self._viewed(first, call)
@@ -505,7 +508,7 @@ def _read_dma(args: list) -> tuple[str, _DMA] | None:
 class _Unit:
     """One transfer: its views, copies and wait; ``fixed`` when it must stay as it is."""
 
-    __slots__ = ("seq", "queue", "views", "copies", "wait", "fixed", "src", "dst", "src_fact",
+    __slots__ = ("seq", "queue", "allocs", "views", "copies", "wait", "fixed", "src", "dst", "src_fact",
                  "dst_fact", "deps", "index", "rank", "buckets")
 
     def __init__(self, seq, wait, views, copies, fixed, reader_facts):
@@ -526,6 +529,20 @@ class _Unit:
             self.deps += [v for r in views for v in r.uses]
         self.rank = 0
         self.buckets: list = []
+        self.allocs: list[_Rec] = []
+
+    def take_allocation(self, events: list) -> None:
+        """Let the ``alloc_tensor`` of the transfer's dst move up with it, when it is the event
+        just before: an allocation touches no memory, so the transfer may start as soon as the
+        storage is defined (what the dst's memory held before still orders the copies)."""
+        if self.fixed or not events:
+            return
+        prev = events[-1]
+        if type(prev) is not _Rec or prev.kind != "alloc":
+            return
+        if _same(prev.var, self.dst) or any(_same(prev.var, view.dma.src) for view in self.views):
+            self.allocs.append(prev)
+            self.deps = [v for v in self.deps if not _same(v, prev.var)] + list(prev.uses)
 
 
 def _same(a: object, b: object) -> bool:
@@ -550,7 +567,9 @@ def _group(recs: list[_Rec], last_use: dict, leaf) -> list | None:
                 copy = run[0].dma
                 if copy.queue == dma.queue and copy.bypass == dma.bypass and copy.src is dma.src and copy.dst is dma.dst:
                     fixed = rec.var.__chandle__() in last_use
-                    events.append(_Unit(next(seq), rec, [], run, fixed, leaf))
+                    unit = _Unit(next(seq), rec, [], run, fixed, leaf)
+                    unit.take_allocation(events)
+                    events.append(unit)
                     run = []
                     continue
             copies: list[_Rec] = []
@@ -575,7 +594,9 @@ def _group(recs: list[_Rec], last_use: dict, leaf) -> list | None:
             events.extend(run)
             run = []
             fixed = dma.src is None or _h(rec.var) in last_use
-            events.append(_Unit(next(seq), rec, views, copies, fixed, leaf))
+            unit = _Unit(next(seq), rec, views, copies, fixed, leaf)
+            unit.take_allocation(events)
+            events.append(unit)
             continue
         if rec.kind == "bad":
             return None
@@ -681,6 +702,12 @@ def _plan_block(recs: list[_Rec], last_use: dict, leaf, params: set[int]) -> lis
         for slot in written.find(unit.src_fact + unit.dst_fact) + read.find(unit.dst_fact):
             if slot > start:
                 start = slot
+        if unit.allocs:
+            alloc_slot = defined[_h(unit.allocs[0].var)]
+            if start < alloc_slot:
+                out[alloc_slot] = None  # emitted with the transfer, earlier
+            else:
+                unit.allocs = []  # the transfer starts after it anyway: it stays
         after[start].append(unit)
         floor[unit.queue] = start
         for view in unit.views:
@@ -702,6 +729,8 @@ def _emit(out: list, after: dict, recs: list[_Rec]) -> list | None:
 
     def start(units: list[_Unit]) -> None:
         for unit in units:
+            if unit.allocs:
+                result.extend(r.binding for r in unit.allocs)
             if unit.views:
                 result.extend(r.binding for r in unit.views)
             result.extend(r.binding for r in unit.copies)
@@ -718,7 +747,7 @@ def _emit(out: list, after: dict, recs: list[_Rec]) -> list | None:
             result.extend(r.binding for r in unit.views + unit.copies)
             result.append(_wait_binding(unit.wait, 0))
             issued[unit.queue] += len(unit.copies)
-        else:
+        elif entry is not None:  # (None: an allocation that moved up with its transfer)
             result.append(entry)
         if slot in after:
             start(after[slot])
@@ -954,12 +983,26 @@ def _block_report(function: str, recs: list[_Rec], leaf) -> list[TransferOverlap
         src, dst = views.get(_h(copy.src), copy.src), views.get(_h(copy.dst), copy.dst)
         src_fact, dst_fact = leaf(src), leaf(dst)
         before = position - 1
-        while before >= 0 and recs[before].kind in ("view", "copy"):  # copies starting together
+        # Copies starting together, with the views and allocations of their dsts, which move
+        # with them: what is before those counts.
+        storage: list = []  # what this transfer's dst allocation uses
+        dsts = [dst]
+        while before >= 0:
+            rec = recs[before]
+            if rec.kind == "alloc" and any(_same(rec.var, d) for d in dsts):
+                if not storage and _same(rec.var, dst):
+                    storage = list(rec.uses)
+            elif rec.kind == "copy":
+                dsts.append(views.get(_h(rec.dma.dst), rec.dma.dst))
+            elif rec.kind != "view":
+                break
             before -= 1
         starts = "the start of its block"
         if before >= 0:
             prev = recs[before]
             why = _why(prev, src_fact, dst_fact, (src, dst), leaf)
+            if why is None and any(_same(prev.var, v) for v in storage):
+                why = "defines dst's storage"
             starts = _what(prev) + (f" ({why})" if why else "")
         wait_position, wait = covered.get(position, (None, None))
         stopped = "no wait in its block"
