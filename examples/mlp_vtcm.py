@@ -1,6 +1,6 @@
 """Stage an MLP's kernel inputs into VTCM, move them by DMA, and run it on the CPU.
 
-    python examples/mlp_vtcm.py [--capacity BYTES | --target qcom/hexagon-v68] [--overlap] [--print-ir]
+    python examples/mlp_vtcm.py [--capacity BYTES | --target qcom/hexagon-v68] [--overlap] [--prefetch] [--print-ir]
 
 The model is written with ``tvm.relax.frontend.nn`` and lowered by TVM's own
 passes to VM-level IR (:data:`LOWER_TO_VM_IR`: kernels called with their
@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     where.add_argument("--capacity", type=int, help="VTCM bytes (default: the target's)")
     where.add_argument("--target", default="qcom/hexagon-v68", help="Hexagon target whose vtcm-capacity is used")
     parser.add_argument("--overlap", action="store_true", help="copy_to_dma(overlap=True)")
+    parser.add_argument("--prefetch", action="store_true", help="stage_in_vtcm(prefetch=True): double buffering")
     parser.add_argument("--print-ir", action="store_true", help="print the staged, DMA-rewritten IR")
     args = parser.parse_args(argv)
     capacity = args.capacity if args.capacity is not None else args.target
@@ -80,9 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     model, inputs = export()
     expected = run(model, inputs)
     lowered = LOWER_TO_VM_IR(model)
-    plan = plan_vtcm(lowered, capacity=capacity)
+    plan = plan_vtcm(lowered, capacity=capacity, prefetch=args.prefetch)
     print(plan)
-    staged = copy_to_dma(stage_in_vtcm(lowered, capacity=capacity), overlap=args.overlap)
+    staged = copy_to_dma(stage_in_vtcm(lowered, capacity=capacity, prefetch=args.prefetch), overlap=args.overlap)
     if args.print_ir:
         print(staged["forward"])
     with cpu_vtcm() as vtcm, cpu_dma() as dma:

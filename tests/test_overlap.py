@@ -37,12 +37,12 @@ from rewrite_ext.compat import TY_ARGS, VOID_TY_ARGS, ObjectType, TensorType, dt
 # ---------------------------------------------------------------------------------------------
 
 
-def dma_copy(src: relax.Expr, dst: relax.Expr, queue: int = 0) -> relax.Call:
-    return relax.op.call_builtin_with_ctx(DMA_COPY, [src, dst, imm(queue), imm(1)], **VOID_TY_ARGS)
+def dma_copy(src: relax.Expr, dst: relax.Expr, queue: int = 0, bypass: int = 1) -> relax.Call:
+    return relax.op.call_builtin_with_ctx(DMA_COPY, [src, dst, imm(queue), imm(bypass)], **VOID_TY_ARGS)
 
 
-def dma_wait(src: relax.Expr, dst: relax.Expr, queue: int = 0, inflight: int = 0) -> relax.Call:
-    return relax.op.call_builtin_with_ctx(DMA_WAIT, [imm(queue), imm(inflight), imm(1), src, dst], **VOID_TY_ARGS)
+def dma_wait(src: relax.Expr, dst: relax.Expr, queue: int = 0, inflight: int = 0, bypass: int = 1) -> relax.Call:
+    return relax.op.call_builtin_with_ctx(DMA_WAIT, [imm(queue), imm(inflight), imm(bypass), src, dst], **VOID_TY_ARGS)
 
 
 def legacy_wait(queue: int = 0) -> relax.Call:
@@ -174,12 +174,12 @@ def two_used_at_one_point(x: R.Tensor((16,), "float32")) -> R.Tensor((16,), "flo
     a = _alloc(storage, 0)
     b = _alloc(storage, 64)
     e = _alloc(storage, 128)
-    dma_copy(x, a)
-    dma_wait(x, a)
-    dma_copy(x, b)
-    dma_wait(x, b)
-    dma_copy(x, e)
-    dma_wait(x, e)
+    dma_copy(x, a, bypass=0)
+    dma_wait(x, a, bypass=0)
+    dma_copy(x, b, bypass=0)
+    dma_wait(x, b, bypass=0)
+    dma_copy(x, e, bypass=0)
+    dma_wait(x, e, bypass=0)
     c = R.add(a, b)
     d = R.add(c, e)
     return d
@@ -189,22 +189,45 @@ def two_used_at_one_point(x: R.Tensor((16,), "float32")) -> R.Tensor((16,), "flo
 def two_used_at_one_point_sunk(x: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
     storage = _storage()
     a = _alloc(storage, 0)
-    dma_copy(x, a)
+    dma_copy(x, a, bypass=0)
     b = _alloc(storage, 64)
-    dma_copy(x, b)
+    dma_copy(x, b, bypass=0)
     e = _alloc(storage, 128)
-    dma_copy(x, e)
+    dma_copy(x, e, bypass=0)
     # b's wait completes a's transfer too (FIFO); a's own wait is merged into it, as x (a
     # parameter) and a (used by the add) stay alive past it anyway.
-    dma_wait(x, b, inflight=1)  # e's transfer overlaps the first add
+    dma_wait(x, b, inflight=1, bypass=0)  # e's transfer overlaps the first add
     c = R.add(a, b)
-    dma_wait(x, e)
+    dma_wait(x, e, bypass=0)
     d = R.add(c, e)
     return d
 
 
+# The merging tests use bypass_cache=0: with it, the real dma_wait flushes its own dst's cache
+# after waiting, so a wait that cleans a dst is never merged into another one.
 def test_several_waits_at_one_point_count_only_later_transfers_still_in_flight():
     assert_sinks_to(two_used_at_one_point, two_used_at_one_point_sunk)
+
+
+def test_a_wait_that_cleans_its_dsts_cache_is_never_merged():
+    @R.function(pure=False)
+    def cached(x: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
+        storage = _storage()
+        a = _alloc(storage, 0)
+        b = _alloc(storage, 64)
+        dma_copy(x, a)
+        dma_wait(x, a)
+        dma_copy(x, b)
+        dma_wait(x, b)
+        c = R.add(a, b)
+        return c
+
+    got = sink_dma_waits(cached)
+    relax.analysis.well_formed(got)
+    # a's wait stays, right before b's: both dsts get the real wait's cache flush.
+    assert _bindings_in_order(got) == [
+        "storage", "a", "copy(x->a)", "b", "copy(x->b)", "wait(x->a, 1)", "wait(x->b, 0)", "c"
+    ]
 
 
 @R.function(pure=False)
@@ -212,10 +235,10 @@ def later_used_first(x: R.Tensor((16,), "float32"), y: R.Tensor((16,), "float32"
     storage = _storage()
     a = _alloc(storage, 0)
     b = _alloc(storage, 64)
-    dma_copy(x, a)
-    dma_wait(x, a)
-    dma_copy(y, b)
-    dma_wait(y, b)
+    dma_copy(x, a, bypass=0)
+    dma_wait(x, a, bypass=0)
+    dma_copy(y, b, bypass=0)
+    dma_wait(y, b, bypass=0)
     c = R.add(b, b)
     d = R.add(a, c)
     return d
@@ -225,12 +248,12 @@ def later_used_first(x: R.Tensor((16,), "float32"), y: R.Tensor((16,), "float32"
 def later_used_first_sunk(x: R.Tensor((16,), "float32"), y: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
     storage = _storage()
     a = _alloc(storage, 0)
-    dma_copy(x, a)
+    dma_copy(x, a, bypass=0)
     b = _alloc(storage, 64)
-    dma_copy(y, b)
+    dma_copy(y, b, bypass=0)
     # b's wait must come before c and completes a's transfer too (FIFO), so a's wait never
     # moves below it; here it merges into it, since x and a stay alive past it anyway.
-    dma_wait(y, b)
+    dma_wait(y, b, bypass=0)
     c = R.add(b, b)
     d = R.add(a, c)
     return d
@@ -1195,10 +1218,10 @@ def late_copies(x: R.Tensor((16,), "float32"), y: R.Tensor((16,), "float32")) ->
     t = R.add(x, x)
     R.call_packed("fill", y, **VOID_TY_ARGS)
     u = R.add(t, y)
-    dma_copy(x, a)
-    dma_wait(x, a)
-    dma_copy(y, b)
-    dma_wait(y, b)
+    dma_copy(x, a, bypass=0)
+    dma_wait(x, a, bypass=0)
+    dma_copy(y, b, bypass=0)
+    dma_wait(y, b, bypass=0)
     v = R.add(a, b)
     w = R.add(u, v)
     return w
@@ -1213,10 +1236,10 @@ def late_copies_hoisted(x: R.Tensor((16,), "float32"), y: R.Tensor((16,), "float
     # The packed call may write y, and x too (parameters may alias each other): both copies
     # start right after it, the last write of their src.
     R.call_packed("fill", y, **VOID_TY_ARGS)
-    dma_copy(x, a)
-    dma_copy(y, b)
+    dma_copy(x, a, bypass=0)
+    dma_copy(y, b, bypass=0)
     u = R.add(t, y)
-    dma_wait(y, b)  # completes x -> a too; a's own wait merged into it: x and a stay alive
+    dma_wait(y, b, bypass=0)  # completes x -> a too; a's own wait merged into it: x and a stay alive
     v = R.add(a, b)
     w = R.add(u, v)
     return w
@@ -1358,13 +1381,13 @@ def merged_then_read(x: R.Tensor((16,), "float32"), y: R.Tensor((16,), "float32"
     a = _alloc(storage, 0)
     b = _alloc(storage, 64)
     e = _alloc(storage, 128)
-    dma_copy(x, a)
-    dma_wait(x, a)
-    dma_copy(y, b)
-    dma_wait(y, b)
+    dma_copy(x, a, bypass=0)
+    dma_wait(x, a, bypass=0)
+    dma_copy(y, b, bypass=0)
+    dma_wait(y, b, bypass=0)
     c = R.add(b, b)
-    dma_copy(a, e)
-    dma_wait(a, e)
+    dma_copy(a, e, bypass=0)
+    dma_wait(a, e, bypass=0)
     d = R.add(c, e)
     f = R.add(a, d)
     return f
@@ -1374,14 +1397,14 @@ def merged_then_read(x: R.Tensor((16,), "float32"), y: R.Tensor((16,), "float32"
 def merged_then_read_sunk(x: R.Tensor((16,), "float32"), y: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
     storage = _storage()
     a = _alloc(storage, 0)
-    dma_copy(x, a)
+    dma_copy(x, a, bypass=0)
     b = _alloc(storage, 64)
-    dma_copy(y, b)
+    dma_copy(y, b, bypass=0)
     e = _alloc(storage, 128)
-    dma_wait(y, b)  # completes x -> a too: a's own wait merged into it
-    dma_copy(a, e)  # reads a: starts after the wait that completes x -> a, not before
+    dma_wait(y, b, bypass=0)  # completes x -> a too: a's own wait merged into it
+    dma_copy(a, e, bypass=0)  # reads a: starts after the wait that completes x -> a, not before
     c = R.add(b, b)
-    dma_wait(a, e)
+    dma_wait(a, e, bypass=0)
     d = R.add(c, e)
     f = R.add(a, d)
     return f

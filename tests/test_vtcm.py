@@ -343,16 +343,17 @@ def test_an_argument_the_kernel_writes_through_an_alias_or_a_pointer_is_not_stag
     np.testing.assert_array_equal(_run(mod, [x, out]), got)
 
 
+@pytest.mark.parametrize("prefetch", [False, True], ids=["shared", "prefetch"])
 @pytest.mark.parametrize("overlap", [False, True], ids=["plain", "overlap"])
 @pytest.mark.parametrize("capacity", ["qcom/hexagon-v68", 36000], ids=["v68", "36000"])
-def test_mlp_lowered_by_tvm_staged_and_dma_equals_the_model(capacity, overlap):
+def test_mlp_lowered_by_tvm_staged_and_dma_equals_the_model(capacity, overlap, prefetch):
     model, inputs = example.export()
     expected = _run(model, inputs, "forward")
     lowered = LOWER(model)
-    plan = plan_vtcm(lowered, capacity=capacity)
+    plan = plan_vtcm(lowered, capacity=capacity, prefetch=prefetch)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", VTCMCapacityWarning)
-        staged = copy_to_dma(stage_in_vtcm(lowered, capacity=capacity), overlap=overlap)
+        staged = copy_to_dma(stage_in_vtcm(lowered, capacity=capacity, prefetch=prefetch), overlap=overlap)
     relax.analysis.well_formed(staged)
     # relax.build runs these passes again: they must leave the staged IR as it is
     tvm.ir.assert_structural_equal(LOWER(staged), staged)
@@ -369,27 +370,50 @@ def test_mlp_lowered_by_tvm_staged_and_dma_equals_the_model(capacity, overlap):
         assert dma.peak_in_flight[0] >= 2  # a kernel's two inputs in flight together
 
 
-def test_in_the_staged_mlp_a_transfer_is_in_flight_while_a_kernel_runs():
-    # relu_vtcm (slot 1) is allocated just before matmul1; its allocation moves up with the
-    # transfer, which then runs while transpose1 works on slot 0.
-    lowered = LOWER(example.export()[0])
-    func = copy_to_dma(stage_in_vtcm(lowered, capacity="qcom/hexagon-v68"), overlap=True)["forward"]
+def _kernels_during(func: relax.Function, src: str) -> list[str]:
+    """The kernels called while the transfer from ``src`` is in flight (its copy to its wait)."""
     values = [b.value for block in func.body.blocks for b in block.bindings]
 
-    def dma_of(value: relax.Expr, builtin: str) -> list | None:
+    def dma_of(value: relax.Expr, builtin: str) -> list:
         if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) and value.op.name == "relax.call_builtin_with_ctx":
             if value.args[0].global_symbol == builtin:
                 return [var_name(f) if isinstance(f, relax.Var) else f for f in value.args[1].fields]
-        return None
+        return [None] * 5
 
-    copy = next(i for i, v in enumerate(values) if (dma_of(v, DMA_COPY) or [None])[0] == "relu")
-    wait = next(i for i, v in enumerate(values) if (dma_of(v, DMA_WAIT) or [None] * 4)[3] == "relu")
-    kernels = [
+    copy = next(i for i, v in enumerate(values) if dma_of(v, DMA_COPY)[0] == src)
+    wait = next(i for i, v in enumerate(values) if dma_of(v, DMA_WAIT)[3] == src)
+    return [
         v.op.name_hint
         for v in values[copy + 1 : wait]
         if isinstance(v, relax.Call) and isinstance(v.op, relax.GlobalVar)
     ]
-    assert kernels == ["transpose1"]
+
+
+def test_in_the_staged_mlp_a_transfer_is_in_flight_while_a_kernel_runs():
+    # relu_vtcm (slot 1) is allocated just before matmul1; its allocation moves up with the
+    # transfer, which then runs while transpose1 works on slot 0.  x_vtcm's too, with slot 1's
+    # storage (allocated at its first use, just before).
+    lowered = LOWER(example.export()[0])
+    func = copy_to_dma(stage_in_vtcm(lowered, capacity="qcom/hexagon-v68"), overlap=True)["forward"]
+    assert _kernels_during(func, "relu") == ["transpose1"]
+    assert _kernels_during(func, "x") == ["transpose"]  # slot 1's storage moves up with it too
+    assert _kernels_during(func, "fc2.weight") == []  # slot 0, which relu reads
+
+
+def test_prefetch_gives_consecutive_calls_other_slots_so_weights_load_during_the_call_before():
+    plan = plan_vtcm(TINY, prefetch=True)
+    slots = [[t.slot for t in plan.tensors if t.kernel == k] for k in ("add", "multiply", "concatenate")]
+    for before, after in zip(slots, slots[1:]):
+        assert not set(before) & set(after)
+    assert sum(plan.slots["main"]) > sum(plan_vtcm(TINY).slots["main"])  # the price: more VTCM
+    lowered = LOWER(example.export()[0])
+    staged = stage_in_vtcm(lowered, capacity="qcom/hexagon-v68", prefetch=True)
+    func = copy_to_dma(staged, overlap=True)["forward"]
+    assert _kernels_during(func, "fc2.weight") == ["relu"]
+    assert _kernels_during(func, "relu") == ["transpose1"]
+    # On two queues a weight's copy need not wait behind the previous kernel's output's.
+    func = copy_to_dma(staged, overlap=True, num_queues=2)["forward"]
+    assert _kernels_during(func, "fc1.bias") == ["matmul"]
 
 
 class Block(nn.Module):

@@ -401,7 +401,7 @@ class _Reader:
             root = next(self.roots)
             self.storages.add(root)
             self.facts[_h(var)] = ((root, None, None),)
-            return _Rec(binding, "compute", var, uses)
+            return _Rec(binding, "storage", var, uses)
         if kind == "tensor":
             self.facts[_h(var)] = self._placed(self.leaf(args[0]), imm_value(args[1]), _nbytes(args[2], args[3]))
             return _Rec(binding, "alloc", var, uses)
@@ -533,16 +533,24 @@ class _Unit:
 
     def take_allocation(self, events: list) -> None:
         """Let the ``alloc_tensor`` of the transfer's dst move up with it, when it is the event
-        just before: an allocation touches no memory, so the transfer may start as soon as the
-        storage is defined (what the dst's memory held before still orders the copies)."""
+        just before, and the ``alloc_storage`` it places it in, when that is just before it (a
+        storage's first use, as ``stage_in_vtcm`` emits it).  An allocation touches no memory,
+        so the transfer may start as soon as what they use is defined; what the dst's memory
+        held before still orders the copies."""
         if self.fixed or not events:
             return
-        prev = events[-1]
-        if type(prev) is not _Rec or prev.kind != "alloc":
+        tensor = events[-1]
+        if type(tensor) is not _Rec or tensor.kind != "alloc":
             return
-        if _same(prev.var, self.dst) or any(_same(prev.var, view.dma.src) for view in self.views):
-            self.allocs.append(prev)
-            self.deps = [v for v in self.deps if not _same(v, prev.var)] + list(prev.uses)
+        if not (_same(tensor.var, self.dst) or any(_same(tensor.var, view.dma.src) for view in self.views)):
+            return
+        self.allocs = [tensor]
+        storage = events[-2] if len(events) > 1 else None
+        if type(storage) is _Rec and storage.kind == "storage" and any(_same(storage.var, v) for v in tensor.uses):
+            self.allocs.insert(0, storage)
+        moved = [alloc.var for alloc in self.allocs]
+        uses = [v for alloc in self.allocs for v in alloc.uses]
+        self.deps = [v for v in self.deps + uses if not any(_same(v, m) for m in moved)]
 
 
 def _same(a: object, b: object) -> bool:
@@ -643,8 +651,14 @@ def _plan_block(recs: list[_Rec], last_use: dict, leaf, params: set[int]) -> lis
                 run.append(fifo.popleft())
             kept = {}
             for unit in run:
-                # Only the last wait of the run is needed; an earlier one stays for its buffers.
-                if unit is target or not (alive(unit.src, target, index) and alive(unit.dst, target, index)):
+                # Only the last wait of the run is needed to synchronize.  An earlier one stays
+                # for its buffers, or when it cleans dst's cache (bypass_cache: the real wait
+                # flushes its own dst only).
+                if (
+                    unit is target
+                    or unit.wait.dma.bypass != 0
+                    or not (alive(unit.src, target, index) and alive(unit.dst, target, index))
+                ):
                     out.append(unit)
                     kept[unit.seq] = len(out) - 1
             if index == _INF:
@@ -703,11 +717,15 @@ def _plan_block(recs: list[_Rec], last_use: dict, leaf, params: set[int]) -> lis
             if slot > start:
                 start = slot
         if unit.allocs:
-            alloc_slot = defined[_h(unit.allocs[0].var)]
-            if start < alloc_slot:
-                out[alloc_slot] = None  # emitted with the transfer, earlier
-            else:
-                unit.allocs = []  # the transfer starts after it anyway: it stays
+            # An allocation the transfer starts before is emitted with it; the rest stay.
+            moving = []
+            for alloc in unit.allocs:
+                alloc_slot = defined[_h(alloc.var)]
+                if start < alloc_slot:
+                    out[alloc_slot] = None
+                    defined[_h(alloc.var)] = start
+                    moving.append(alloc)
+            unit.allocs = moving
         after[start].append(unit)
         floor[unit.queue] = start
         for view in unit.views:

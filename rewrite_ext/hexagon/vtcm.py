@@ -229,16 +229,21 @@ def _default_select(call: relax.Call, _index: int) -> bool:
     return isinstance(call.op, relax.GlobalVar)
 
 
-def _assign_slots(calls: list[list[int]], capacity: int) -> tuple[list[int], list[list[int | None]]]:
+def _assign_slots(
+    calls: list[list[int]], capacity: int, prefetch: bool = False
+) -> tuple[list[int], list[list[int | None]]]:
     """Slots for tensors that live together per call: best fit, else grow, else a new slot.
 
     Tensors of one call need distinct slots; tensors of different calls never
-    overlap in time, so they share.  Larger tensors are placed first.
+    overlap in time, so they share.  With ``prefetch`` a call's tensors live
+    from the call before it on, so they take none of that call's slots.
+    Larger tensors are placed first.
     """
     sizes: list[int] = []
     placed: list[list[int | None]] = []
+    busy: set[int] = set()  # the previous call's slots, with prefetch
     for needs in calls:
-        free = set(range(len(sizes)))
+        free = set(range(len(sizes))) - busy
         where: list[int | None] = [None] * len(needs)
         for i in sorted(range(len(needs)), key=lambda i: -needs[i]):
             need = needs[i]
@@ -256,6 +261,8 @@ def _assign_slots(calls: list[list[int]], capacity: int) -> tuple[list[int], lis
             free.discard(slot)
             where[i] = slot
         placed.append(where)
+        if prefetch:
+            busy = {slot for slot in where if slot is not None}
     return sizes, placed
 
 
@@ -266,7 +273,7 @@ class _Choice(NamedTuple):
 
 
 def _plan_function(
-    func: relax.Function, name: str, mod: tvm.IRModule, select: Select, capacity: int
+    func: relax.Function, name: str, mod: tvm.IRModule, select: Select, capacity: int, prefetch: bool
 ) -> tuple[list[tuple[relax.Call, list[_Choice]]], list[int], list[list[int | None]]]:
     """The kernel calls with arguments chosen, the slot sizes, and each choice's slot."""
     # Only the function's own blocks: VTCM storages emitted there stay visible to
@@ -297,7 +304,7 @@ def _plan_function(
                     chosen.setdefault(arg, []).append(index)
             if chosen:
                 calls.append((value, [_Choice(_arg_name(a), tuple(ix), static_nbytes(ty(a))) for a, ix in chosen.items()]))
-    sizes, placed = _assign_slots([[c.nbytes for c in choices] for _, choices in calls], capacity)
+    sizes, placed = _assign_slots([[c.nbytes for c in choices] for _, choices in calls], capacity, prefetch)
     return calls, sizes, placed
 
 
@@ -306,13 +313,17 @@ def _arg_name(arg: relax.Expr) -> str:
 
 
 def plan_vtcm(
-    target: tvm.IRModule, *, select: Select | None = None, capacity: int | str | tvm.target.Target | None = None
+    target: tvm.IRModule,
+    *,
+    select: Select | None = None,
+    capacity: int | str | tvm.target.Target | None = None,
+    prefetch: bool = False,
 ) -> VTCMPlan:
     """Plan which kernel arguments :func:`stage_in_vtcm` stages and where.
 
     Parameters
     ----------
-    target, select, capacity
+    target, select, capacity, prefetch
         As for :func:`stage_in_vtcm`.
 
     Returns
@@ -334,7 +345,7 @@ def plan_vtcm(
         if not isinstance(func, relax.Function):
             continue
         name = function_name(func, gvar.name_hint)
-        calls, sizes, placed = _plan_function(func, name, target, select, total)
+        calls, sizes, placed = _plan_function(func, name, target, select, total, prefetch)
         if sizes:
             slots[name] = tuple(sizes)
         for (call, args), where in zip(calls, placed):
@@ -397,6 +408,7 @@ def stage_in_vtcm(
     *,
     select: Select | None = None,
     capacity: int | str | tvm.target.Target | None = None,
+    prefetch: bool = False,
 ) -> tvm.IRModule:
     """Copy kernel inputs into VTCM just before each kernel call.
 
@@ -423,6 +435,13 @@ def stage_in_vtcm(
         ``vtcm-capacity`` is used (see :func:`vtcm_capacity`).  Default: the
         current target's when it carries ``vtcm-capacity`` (a Hexagon
         target), else ``qcom/hexagon-v68``'s 4 MiB (also under ``Target("llvm")``).
+    prefetch : bool
+        Plan for double buffering: a call's tensors take no slot of the call
+        before it, so with ``copy_to_dma(..., overlap=True)`` their copies
+        can run while that call does (when their sources are ready).  It
+        takes more VTCM; what does not fit is left in place as usual.
+        Default False: a tensor lives from its copy, just before its call,
+        to the end of the call, and consecutive calls share slots.
 
     Returns
     -------
@@ -438,7 +457,7 @@ def stage_in_vtcm(
         mod = stage_in_vtcm(mod, capacity="qcom/hexagon-v68")
         mod = copy_to_dma(mod, overlap=True)
     """
-    plan = plan_vtcm(target, select=select, capacity=capacity)
+    plan = plan_vtcm(target, select=select, capacity=capacity, prefetch=prefetch)
     if plan.left_in_place:
         warnings.warn(
             f"stage_in_vtcm: {len(plan.left_in_place)} tensor(s) do not fit in {plan.capacity} bytes of "
