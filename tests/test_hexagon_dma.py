@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import tvm
 from tvm import relax
@@ -10,7 +11,7 @@ from tvm.script import relax as R
 
 import rewrite_ext  # noqa: F401 - registers R.vm.copy_tensor
 from rewrite_ext import RewriteError, rewrite_call
-from rewrite_ext.hexagon import CopyToDMA, copy_tensor_pattern, copy_to_dma
+from rewrite_ext.hexagon import CopyToDMA, copy_tensor_pattern, copy_to_dma, cpu_dma
 from rewrite_ext.hexagon.dma import CHUNK_BYTES, MAX_DESCRIPTOR_BYTES
 from rewrite_ext.ops import copy_tensor
 from rewrite_ext.compat import VOID_TY_ARGS, TensorType, TupleType, imm_value, ret_ty, ty, var_name
@@ -229,6 +230,25 @@ def test_a_copy_of_zero_bytes_becomes_nothing():
     relax.analysis.well_formed(out)
     assert [var_name(b.var) for b in out.body.blocks[0].bindings] == ["gv"]  # the allocation only
     assert "copy_tensor" not in out.script() and "hexagon" not in out.script()
+
+
+def test_a_copy_of_a_tensor_onto_itself_becomes_nothing():
+    @I.ir_module
+    class SelfCopy:
+        @R.function(pure=False)
+        def main(x: R.Tensor((4,), "float32")) -> R.Tensor((4,), "float32"):
+            R.vm.copy_tensor(x, x)
+            return x
+
+    for overlap in (False, True):
+        out = copy_to_dma(SelfCopy, overlap=overlap)
+        relax.analysis.well_formed(out)
+        assert "copy_tensor" not in out.script() and "hexagon" not in out.script()
+        with cpu_dma() as engine:  # a dma_copy of x onto x would be a DMAError here
+            vm = relax.VirtualMachine(relax.build(out, target="llvm"), tvm.cpu())
+            got = vm["main"](tvm.runtime.tensor(np.arange(4, dtype="float32"))).numpy()
+        np.testing.assert_array_equal(got, np.arange(4, dtype="float32"))
+        assert engine.copies == 0
 
 
 def test_a_copy_of_symbolic_size_stays_a_synchronous_copy_tensor():

@@ -7,6 +7,7 @@ from .dma import DMA_COPY, DMA_WAIT, CopyToDMA, copy_tensor_pattern, copy_to_dma
 from .overlap import TransferOverlap, format_overlap_report, overlap_report, sink_dma_waits
 from .vtcm import (
     CPUVTCM,
+    VTCM_BLOCK_BYTES,
     VTCM_SCOPE,
     StagedTensor,
     VTCMCapacityWarning,
@@ -22,6 +23,7 @@ __all__ = [
     "CPUVTCM",
     "DMA_COPY",
     "DMA_WAIT",
+    "VTCM_BLOCK_BYTES",
     "VTCM_SCOPE",
     "CopyToDMA",
     "DMAError",

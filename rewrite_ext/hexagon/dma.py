@@ -140,8 +140,10 @@ def _dma_rewriter(
             # A symbolic size may exceed a descriptor, and a split needs static offsets:
             # declining keeps the synchronous copy, which is right for every size.
             raise Decline("the copy's size is not static: kept as the synchronous copy_tensor")
-        if nbytes == 0:
-            nothing = relax.Tuple([])  # dropped below: a copy of nothing is no binding
+        if nbytes == 0 or src.same_as(dst):
+            # A copy of nothing, or of a tensor onto itself (the engine's result would be
+            # undefined for overlapping buffers), does nothing: dropped below, no binding.
+            nothing = relax.Tuple([])
             dropped.append(nothing)
             return nothing
         queue = next(queues)
@@ -296,7 +298,9 @@ def copy_to_dma(
       (``2**24 - 64``), between flat ``uint8`` ``R.memory.view`` s of src and
       dst at the chunk's byte offset, all on one queue, followed by a single
       wait on the whole src and dst.
-    - A copy of zero bytes (the builtin refuses one) is removed.
+    - A copy of zero bytes (the builtin refuses one) is removed, and so is
+      a copy of a tensor onto itself (``copy_tensor(a, a)``: it changes
+      nothing, and the engine's result for overlapping buffers is undefined).
     - A copy whose byte size is not static is left as ``R.vm.copy_tensor``,
       a synchronous copy that is right for every size.
 

@@ -47,9 +47,10 @@ from tvm.relax.dpl import ExternFuncPattern, is_gv
 from .. import ops
 from .._ir import StringImm, all_bindings, function_name, static_nbytes, var_name
 from ..rewrite import rewrite_call
-from ..compat import sblock_written_params, ty, ty_args
+from ..compat import imm_value, sblock_written_params, ty, ty_args
 
 __all__ = [
+    "VTCM_BLOCK_BYTES",
     "VTCM_SCOPE",
     "CPUVTCM",
     "StagedTensor",
@@ -249,11 +250,12 @@ def _assign_slots(
             need = needs[i]
             fitting = [s for s in sorted(free) if sizes[s] >= need]
             largest = max(sorted(free), key=sizes.__getitem__, default=None)
+            used = _vtcm_bytes(sizes)
             if fitting:
                 slot = min(fitting, key=sizes.__getitem__)
-            elif largest is not None and sum(sizes) + need - sizes[largest] <= capacity:
+            elif largest is not None and used + _vtcm_bytes([need]) - _vtcm_bytes([sizes[largest]]) <= capacity:
                 slot, sizes[largest] = largest, need
-            elif sum(sizes) + need <= capacity:
+            elif used + _vtcm_bytes([need]) <= capacity:
                 slot = len(sizes)
                 sizes.append(need)
             else:
@@ -264,6 +266,35 @@ def _assign_slots(
         if prefetch:
             busy = {slot for slot in where if slot is not None}
     return sizes, placed
+
+
+#: TVM's VTCM allocator hands out storage in blocks of this many bytes
+#: (``kHexagonAllocAlignment``; ``VTCMAllocation`` in ``hexagon_buffer.cc`` rounds every
+#: size up to a multiple of it), so a plan counts each slot in whole blocks.
+VTCM_BLOCK_BYTES = 2048
+
+
+def _vtcm_bytes(sizes: list[int]) -> int:
+    """The VTCM ``sizes`` take, each rounded up to whole blocks as TVM's allocator does."""
+    return sum(-(-size // VTCM_BLOCK_BYTES) * VTCM_BLOCK_BYTES for size in sizes)
+
+
+def _vtcm_in_use(func: relax.Function, capacity: int) -> int:
+    """The VTCM the function's own ``global.vtcm`` storages take already (a size that is not
+    static: all of it), so that staging again, or after another pass, stays within capacity."""
+    sizes = []
+    for binding in all_bindings(func):
+        value = binding.value
+        if isinstance(value, relax.Call) and _scope_of(value) == VTCM_SCOPE:
+            size = value.args[0]
+            dims = [imm_value(d) for d in size.values] if isinstance(size, relax.ShapeExpr) else [None]
+            if any(d is None for d in dims):
+                return capacity
+            count = 1
+            for d in dims:
+                count *= d
+            sizes.append(count)
+    return _vtcm_bytes(sizes)
 
 
 class _Choice(NamedTuple):
@@ -304,7 +335,8 @@ def _plan_function(
                     chosen.setdefault(arg, []).append(index)
             if chosen:
                 calls.append((value, [_Choice(_arg_name(a), tuple(ix), static_nbytes(ty(a))) for a, ix in chosen.items()]))
-    sizes, placed = _assign_slots([[c.nbytes for c in choices] for _, choices in calls], capacity, prefetch)
+    available = max(0, capacity - _vtcm_in_use(func, capacity))
+    sizes, placed = _assign_slots([[c.nbytes for c in choices] for _, choices in calls], available, prefetch)
     return calls, sizes, placed
 
 
