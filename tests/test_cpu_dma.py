@@ -347,11 +347,10 @@ def _many_copies(count: int, queues: int) -> tvm.IRModule:
     return bb.get()
 
 
-@pytest.mark.parametrize("queues", [1, 3])
-def test_a_full_descriptor_ring_completes_the_oldest_transfer_and_counts_a_stall(queues):
-    # 250 transfers in flight at once would need 250 descriptors; the ring has 100, shared
-    # by all queues.  The rows still all arrive, in the order the engine finishes them.
-    executable = _build(_many_copies(250, queues))
+def test_a_full_descriptor_ring_on_one_queue_completes_the_oldest_transfer_and_counts_a_stall():
+    # 250 transfers in flight at once would need 250 descriptors; the ring has 100.  The rows
+    # still all arrive, in the order the engine finishes them.
+    executable = _build(_many_copies(250, 1))
     x = _x().reshape(-1)[:8].copy()
     with cpu_dma() as dma:
         out = _run(executable, x).numpy()
@@ -360,6 +359,15 @@ def test_a_full_descriptor_ring_completes_the_oldest_transfer_and_counts_a_stall
     assert dma.peak_in_flight_total == 100
     assert dma.completed == dma.copies == 250
     assert "ring_stalls=150" in dma.summary()
+
+
+def test_a_full_descriptor_ring_with_other_queues_in_flight_is_an_error():
+    # TVM's QueuedRingBuffer records every retry on a full ring as an entry of the copying
+    # queue: the other queues' in-flight counts go wrong and their waits may return early.
+    executable = _build(_many_copies(250, 3))
+    with pytest.raises(DMAError, match=r"finds all 100 descriptors in flight, on queues \[0, 1, 2\]"):
+        with cpu_dma():  # left by the error: the transfers in flight are not reported again
+            _run(executable, _x().reshape(-1)[:8].copy())
 
 
 def test_a_ring_with_room_never_stalls():

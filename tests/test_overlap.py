@@ -30,7 +30,7 @@ from rewrite_ext.hexagon.overlap import (
 )
 from rewrite_ext.ops import copy_tensor
 from rewrite_ext.testing.strategies import lowered_copy_functions
-from rewrite_ext.compat import TY_ARGS, VOID_TY_ARGS, ObjectType, TensorType, dtype_name, imm, imm_value, ty, var_name
+from rewrite_ext.compat import TY_ARGS, VOID_TY_ARGS, ObjectType, TensorType, dtype_name, imm, imm_value, ty, var_name, TupleType
 
 # ---------------------------------------------------------------------------------------------
 # Writing DMA builtins in TVMScript
@@ -1475,6 +1475,60 @@ def _run(mod: tvm.IRModule, inputs: list[np.ndarray], dma: bool):
         results = _results(vm["main"](*args))
     assert engine.in_flight == {} and engine.completed == engine.copies
     return results, engine
+
+
+def _independent_copies(count: int) -> tvm.IRModule:
+    """``count`` copies of x into tensors of one storage, all returned: none needs a wait
+    before the end of the function."""
+    x = relax.Var("x", TensorType([16], "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x], pure=False):
+        storage = bb.emit(relax.op.vm.alloc_storage(relax.ShapeExpr([64 * count]), 0, "uint8", "global"))
+        outs = []
+        for i in range(count):
+            outs.append(bb.emit(relax.op.vm.alloc_tensor(storage, 64 * i, relax.ShapeExpr([16]), "float32")))
+            bb.emit(copy_tensor(x, outs[-1]))
+        bb.emit_func_output(relax.Tuple(outs))
+    return bb.get()
+
+
+@pytest.mark.parametrize("queues", [1, 3])
+def test_the_schedule_keeps_at_most_100_transfers_in_flight(queues):
+    # One ring of 100 descriptors serves every queue.  With other queues in flight a copy on a
+    # full ring makes TVM's runtime miscount them (cpu_dma raises), so the schedule waits first.
+    original = _independent_copies(250)
+    (x,) = _inputs(original["main"], seed=3)
+    got, engine = _run(copy_to_dma(original, overlap=True, num_queues=queues), [x], dma=True)
+    assert len(got) == 250 and all(np.array_equal(out, x) for out in got)
+    assert engine.peak_in_flight_total == 100
+    assert engine.ring_stalls == 0
+
+
+@tvm.register_global_func("test.reads_all", override=True)
+def _reads_all(*tensors):
+    return None
+
+
+def test_a_transfer_starts_no_earlier_than_the_ring_has_room_for_it():
+    # 100 transfers, a packed call reading all their dsts (so waited for before it), then one
+    # more copy of x: hoisted to the top it would be the 101st in flight.
+    x = relax.Var("x", TensorType([16], "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x], pure=False):
+        storage = bb.emit(relax.op.vm.alloc_storage(relax.ShapeExpr([64 * 101]), 0, "uint8", "global"))
+        outs = []
+        for i in range(100):
+            outs.append(bb.emit(relax.op.vm.alloc_tensor(storage, 64 * i, relax.ShapeExpr([16]), "float32")))
+            bb.emit(copy_tensor(x, outs[-1]))
+        bb.emit(relax.Call(relax.ExternFunc("test.reads_all"), outs, None, [TupleType([])]))
+        last = bb.emit(relax.op.vm.alloc_tensor(storage, 6400, relax.ShapeExpr([16]), "float32"))
+        bb.emit(copy_tensor(x, last))
+        bb.emit_func_output(last)
+    mod = copy_to_dma(bb.get(), overlap=True, num_queues=2)
+    (x_data,) = _inputs(mod["main"], seed=4)
+    got, engine = _run(mod, [x_data], dma=True)
+    np.testing.assert_array_equal(got[0], x_data)
+    assert engine.peak_in_flight_total == 100 and engine.ring_stalls == 0
 
 
 def test_sunk_output_runs_like_numpy_and_the_unsunk_rewrite_with_two_in_flight():

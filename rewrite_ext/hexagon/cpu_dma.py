@@ -21,9 +21,12 @@ The model of the DMA engine:
   engine reads ``src`` asynchronously, so a write to ``src`` while the transfer
   is in flight is a bug, and this makes it show up as a wrong result;
 - all queues share one ring of 100 descriptors: a ``dma_copy`` that finds it
-  full completes the oldest transfer in flight (on any queue), as the engine
-  eventually would while the real builtin spins, and counts the stall in
-  :attr:`CPUDMA.ring_stalls`;
+  full, with only its own queue in flight, completes the oldest transfer, as
+  the engine eventually would while the real builtin spins, and counts the
+  stall in :attr:`CPUDMA.ring_stalls`.  With other queues in flight it raises
+  :class:`DMAError`: TVM's ``QueuedRingBuffer`` records each retry as an entry
+  of the copying queue, and then counts the other queues' transfers wrong,
+  so that their waits may return early;
 - leaving the context with transfers in flight raises :class:`DMAError`
   naming them (unless the context is left because of another exception, which
   then propagates unchanged).
@@ -324,6 +327,18 @@ class CPUDMA:
             # Poisoning dst would destroy src; on the engine the result is undefined.
             raise DMAError(f"dma_copy: src {_describe(src)} and dst {_describe(dst)} overlap")
         if self._in_flight_total == MAX_DMA_DESCRIPTORS:
+            busy = sorted(q for q, fifo in self._queues.items() if fifo)
+            if busy != [queue]:
+                # TVM's QueuedRingBuffer::Next records the queue before it finds the ring full,
+                # once per retry: another queue's InFlight then counts those phantom entries,
+                # not its own transfers, and its next wait may return early.
+                raise DMAError(
+                    f"dma_copy on queue {queue} finds all {MAX_DMA_DESCRIPTORS} descriptors in flight, "
+                    f"on queues {busy}: TVM's runtime then miscounts the other queues' transfers "
+                    "(each retry of the full ring is recorded as one of this queue's), so a later "
+                    "dma_wait may return early; wait for some before issuing more (copy_to_dma's "
+                    "schedule keeps at most 100 in flight)"
+                )
             # The real builtin spins until the engine frees a descriptor; the engine works
             # through its chain in order, so the oldest transfer is the one that frees it.
             self.ring_stalls += 1

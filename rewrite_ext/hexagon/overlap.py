@@ -33,6 +33,12 @@ Waits
     dst are what keeps ``KillAfterLastUse`` from freeing them early.
     ``inflight_dma`` of a wait is the number of ``dma_copy`` s of its queue
     issued after its transfer's last one: exact, as waits come in FIFO order.
+The ring
+    At most 100 ``dma_copy`` s (one descriptor ring serves every queue) are in
+    flight at any point: before the 101st the oldest transfer is waited for,
+    and a copy starts no earlier than the ring has room for it.  On a full
+    ring TVM's runtime records each retry as an entry of the copying queue,
+    and then miscounts the other queues' transfers.
 Reads and writes
     An operator whose ``FPurity`` is true reads its arguments (a view, too:
     ``R.reshape`` is legalized to a copy outside dataflow) and writes none;
@@ -70,6 +76,7 @@ from tvm import relax
 
 from .. import _ir
 from .._gc import cyclic_gc_paused
+from .cpu_dma import MAX_DMA_DESCRIPTORS as RING_DESCRIPTORS
 from .dma import _DMA, DMA_COPY, DMA_WAIT, _extern, _imm
 from ..compat import Constant, PrimType, ShapeType, TensorType, TupleType, imm, imm_value, ret_ty, set_type, ty, ty_args
 
@@ -632,6 +639,13 @@ def _plan_block(recs: list[_Rec], last_use: dict, leaf, params: set[int]) -> lis
     src_busy, dst_busy = _Ranges(), _Ranges()  # region -> {seq: transfer in flight}
     pending: dict[int, deque[_Unit]] = defaultdict(deque)
     floor: dict[int, int] = {}  # queue -> the slot its next transfer starts after, at the earliest
+    # The descriptor ring: dma_copy s not yet waited for stay at most RING_DESCRIPTORS over all
+    # queues at every point.  A transfer started at slot s is in flight beside every open one
+    # and every one completed after s, so `completions` (the slot of each run of waits and the
+    # dma_copy s completed so far) bounds what is in flight after any slot.
+    open_copies = 0
+    completion_slots: list[int] = []
+    completed_copies: list[int] = []
 
     def alive(expr: object, last: _Unit, index: float) -> bool:
         if type(expr) not in _VARS or _same(expr, last.src) or _same(expr, last.dst):
@@ -640,6 +654,7 @@ def _plan_block(recs: list[_Rec], last_use: dict, leaf, params: set[int]) -> lis
 
     def complete(units: Iterable[_Unit], index: float) -> None:
         """Wait, before ``out``'s end, for ``units`` and every older transfer of their queues."""
+        nonlocal open_copies
         newest: dict[int, _Unit] = {}
         for unit in units:
             if unit.queue not in newest or unit.seq > newest[unit.queue].seq:
@@ -663,12 +678,35 @@ def _plan_block(recs: list[_Rec], last_use: dict, leaf, params: set[int]) -> lis
                     kept[unit.seq] = len(out) - 1
             if index == _INF:
                 continue  # the end of the block: nothing after it conflicts or depends
+            done = sum(len(unit.copies) for unit in run)
+            open_copies -= done
+            completion_slots.append(len(out) - 1)  # (a kept wait of the run may be earlier)
+            completed_copies.append((completed_copies[-1] if completed_copies else 0) + done)
             for unit in run:  # a merged transfer completes at the last wait of the run
                 for bucket in unit.buckets:
                     del bucket[unit.seq]
                 slot = kept.get(unit.seq, len(out) - 1)
                 read.put(unit.src_fact, slot)
                 written.put(unit.dst_fact, slot)
+
+    def make_room(copies: int) -> None:
+        """Complete the oldest transfers until ``copies`` more fit in the ring."""
+        while open_copies + copies > RING_DESCRIPTORS:
+            oldest = min((fifo[0] for fifo in pending.values() if fifo), key=lambda u: u.seq)
+            complete([oldest], oldest.index)
+
+    def ring_floor(start: int, copies: int) -> int:
+        """The earliest slot from ``start`` on after which ``copies`` more fit in the ring."""
+        done = completed_copies[-1] if completed_copies else 0
+        room = RING_DESCRIPTORS - open_copies - copies  # >= 0 after make_room
+        if done <= room:
+            return start  # even counting every completed transfer as in flight
+        i = bisect.bisect_right(completion_slots, start) - 1
+        if done - (completed_copies[i] if i >= 0 else 0) <= room:
+            return start
+        # The first run of waits after which few enough completed transfers remain.
+        j = bisect.bisect_left(completed_copies, done - room)
+        return max(start, completion_slots[j])
 
     def conflicts(reads: tuple, writes: tuple) -> list[_Unit]:
         hits: dict = {}
@@ -698,9 +736,13 @@ def _plan_block(recs: list[_Rec], last_use: dict, leaf, params: set[int]) -> lis
             busy += list(pending[unit.queue])
         if busy:
             complete(busy, unit.index)
+        make_room(len(unit.copies))
         if unit.fixed:
             out.append((unit,))
             slot = len(out) - 1
+            # In flight here, beside whatever a later transfer starting earlier is.
+            completion_slots.append(slot)
+            completed_copies.append((completed_copies[-1] if completed_copies else 0) + len(unit.copies))
             for view in unit.views:
                 defined[_h(view.var)] = slot
             read.put(unit.src_fact, slot)
@@ -716,6 +758,8 @@ def _plan_block(recs: list[_Rec], last_use: dict, leaf, params: set[int]) -> lis
         for slot in written.find(unit.src_fact + unit.dst_fact) + read.find(unit.dst_fact):
             if slot > start:
                 start = slot
+        start = ring_floor(start, len(unit.copies))
+        open_copies += len(unit.copies)
         if unit.allocs:
             # An allocation the transfer starts before is emitted with it; the rest stay.
             moving = []
