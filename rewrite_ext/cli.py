@@ -244,6 +244,10 @@ def _run_and_compare(original: tvm.IRModule, rewritten: tvm.IRModule, inputs: In
     """Run both modules' main; print the verdict and the DMA stand-in's counters."""
     from ._cpu_run import compare_outputs, run_main
     from .hexagon.cpu_dma import calls_dma, cpu_dma
+    from .hexagon.vtcm import allocates_vtcm, cpu_vtcm
+
+    # VTCM storage (a staged module's) is allocated as global memory on the CPU.
+    vtcm = cpu_vtcm if allocates_vtcm(original) or allocates_vtcm(rewritten) else contextlib.nullcontext
 
     if inputs.bound:
         values = ", ".join(f"{name}={value}" for name, value in sorted(inputs.bound.items()))
@@ -251,13 +255,13 @@ def _run_and_compare(original: tvm.IRModule, rewritten: tvm.IRModule, inputs: In
     with _progress.step("building and running the original main on the CPU"):
         try:
             # A module that already holds DMA builtins (rewritten before) runs under the stand-in too.
-            with cpu_dma() if calls_dma(original) else contextlib.nullcontext():
+            with cpu_dma() if calls_dma(original) else contextlib.nullcontext(), vtcm():
                 expected = run_main(original, inputs)
         except Exception as exc:  # noqa: BLE001 - TVM's build or VM, about the input module
             raise CLIError(f"the original module does not run on the CPU: {_first_line(exc)}") from None
     with _progress.step("building and running the rewritten main under cpu_dma()"):
         try:
-            with cpu_dma() as dma:
+            with cpu_dma() as dma, vtcm():
                 got = run_main(rewritten, inputs)
         except Exception as exc:  # noqa: BLE001 - e.g. DMAError: the rewrite broke the module
             # The original ran: a rewritten module that fails computes something else.

@@ -80,6 +80,28 @@ def test_run_compares_outputs_and_prints_the_stand_ins_counters():
     assert "copies=3 waits=3" in done.stdout and "{2: 1}" in done.stdout
 
 
+def test_run_allocates_vtcm_storage_on_the_cpu(tmp_path):
+    # The forum thread's module allocates its tensor in "global.vtcm".
+    path = module_file(
+        tmp_path,
+        copy_module(
+            """
+            @R.function(pure=False)
+            def main(x: R.Tensor((32, 64), dtype="int32")) -> R.Tensor((32, 64), dtype="int32"):
+                vtcm = R.vm.alloc_storage(R.shape([8192]), R.prim_value(0), R.dtype("uint8"), R.str("global.vtcm"))
+                a = R.vm.alloc_tensor(vtcm, R.prim_value(0), R.shape([32, 64]), R.dtype("int32"))
+                R.vm.copy_tensor(x, a)
+                out = R.builtin.alloc_tensor(R.shape([32, 64]), R.dtype("int32"), R.prim_value(0))
+                R.vm.copy_tensor(a, out)
+                return out
+            """
+        ),
+    )
+    done = cli("dma", path, "--run")
+    assert done.returncode == 0, done.stderr
+    assert "# outputs equal: True" in done.stdout
+
+
 def test_legacy_wait_and_overlap_still_work():
     legacy = cli("dma", EXAMPLE, "--legacy-wait", "--run")
     assert legacy.returncode == 0 and "(0, 0), ty_args" in spelled_as_026(legacy.stdout)

@@ -515,6 +515,18 @@ def stage_in_vtcm(
 
 # -- running on the CPU ------------------------------------------------------------------
 
+
+def allocates_vtcm(mod: tvm.IRModule) -> bool:
+    """Whether a Relax function of ``mod`` allocates ``global.vtcm`` storage, so runs on the
+    CPU need :func:`cpu_vtcm` (a module ``stage_in_vtcm`` staged, say)."""
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            for binding in all_bindings(func):
+                value = binding.value
+                if isinstance(value, relax.Call) and _scope_of(value) == VTCM_SCOPE:
+                    return True
+    return False
+
 _ALLOC_STORAGE = "vm.builtin.alloc_storage"
 
 

@@ -341,7 +341,10 @@ def run(
         Symbolic shape sizes of the default inputs.
     dma : bool, optional
         Run under :func:`rewrite_ext.hexagon.cpu_dma`; by default when the
-        program calls a ``vm.builtin.hexagon.*`` builtin.
+        program calls a ``vm.builtin.hexagon.*`` builtin.  A program that
+        allocates ``global.vtcm`` storage runs under
+        :func:`rewrite_ext.hexagon.cpu_vtcm`.  A stand-in the caller entered
+        already is used as it is.
     entry : str, optional
         The function to run, as for :func:`random_inputs`.
 
@@ -363,7 +366,8 @@ def run(
     vm_name, _ = _entry(mod, entry)
     if inputs is None:
         inputs = random_inputs(mod, seed, sizes=sizes, entry=entry)
-    from ..hexagon.cpu_dma import DMAError, calls_dma, cpu_dma
+    from ..hexagon.cpu_dma import CPUDMA, DMAError, calls_dma, cpu_dma
+    from ..hexagon.vtcm import CPUVTCM, allocates_vtcm, cpu_vtcm
 
     try:
         executable = _build(mod)
@@ -371,10 +375,12 @@ def run(
         raise _run_error("relax.build(target='llvm')", exc) from exc
     if dma is None:
         dma = calls_dma(mod)
-    context: contextlib.AbstractContextManager = contextlib.nullcontext()
-    if dma:
-        context = cpu_dma()
-    with context:
+    with contextlib.ExitStack() as stands_in:
+        # The stand-ins do not nest: one the caller entered already serves.
+        if dma and CPUDMA._active is None:
+            stands_in.enter_context(cpu_dma())
+        if CPUVTCM._active is None and allocates_vtcm(mod):
+            stands_in.enter_context(cpu_vtcm())
         try:
             # Made inside cpu_dma(): the VM binds the builtins when it is constructed.
             vm = relax.VirtualMachine(executable, tvm.cpu())
