@@ -107,7 +107,7 @@ def test_legacy_wait_and_overlap_still_work():
     assert legacy.returncode == 0 and "(0, 0), ty_args" in spelled_as_026(legacy.stdout)
     overlap = cli("dma", EXAMPLE, "--overlap", "--run")
     assert overlap.returncode == 0
-    assert "# DMA overlap: 3 transfers" in overlap.stdout and "# outputs equal: True" in overlap.stdout
+    assert "# DMA overlap: 3 dma_copy" in overlap.stdout and "# outputs equal: True" in overlap.stdout
 
 
 def test_report_counts_the_copies_rewritten_and_says_why_one_was_kept(tmp_path):
@@ -408,7 +408,7 @@ def test_run_takes_ir_lowered_by_tvms_pipeline_in_a_force_pure_function(tmp_path
     done = cli("dma", lowered, "--run", "--overlap")
     assert done.returncode == 0, done.stderr
     assert '"relax.force_pure": True' in done.stdout and "# outputs equal: True" in done.stdout
-    assert "# DMA overlap: 1 transfer" in done.stdout
+    assert "# DMA overlap: 1 dma_copy" in done.stdout
 
 
 OVERLAPPING_COPY = copy_module(

@@ -15,7 +15,7 @@ from tvm.script import relax as R
 
 import rewrite_ext  # noqa: F401 - registers R.vm.copy_tensor
 from rewrite_ext.cli import load_module
-from rewrite_ext.hexagon import copy_to_dma, cpu_dma, overlap_report, sink_dma_waits
+from rewrite_ext.hexagon import CopyToDMA, copy_to_dma, cpu_dma, overlap_report, sink_dma_waits
 from rewrite_ext.ops import copy_tensor
 from rewrite_ext.compat import VOID_TY_ARGS, TensorType, dtype_name, set_var_remap, ty
 
@@ -132,6 +132,24 @@ def test_overlap_output_runs_equal_with_waits_moved_later(num_queues):
 def test_copy_to_dma_rejects_zero_queues():
     with pytest.raises(ValueError, match="num_queues"):
         copy_to_dma(CopiesAndCompute, num_queues=0)
+
+
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        ({"queue_id": True}, "queue_id must be an int, got bool True"),
+        ({"num_queues": 2.0}, "num_queues must be an int, got float 2.0"),
+        ({"bypass_cache": 2}, "bypass_cache must be a bool, got int 2"),
+    ],
+)
+def test_copy_to_dma_rejects_arguments_of_the_wrong_type(arguments, message):
+    # True is an int to Python and would be emitted as queue 1; 2 as a bypass_cache flag.
+    with pytest.raises(TypeError, match=message):
+        copy_to_dma(CopiesAndCompute, **arguments)
+    with pytest.raises(TypeError, match=message):
+        CopyToDMA(**arguments)
+    out = copy_to_dma(CopiesAndCompute, queue_id=np.int64(3), bypass_cache=0)  # numpy ints are ints
+    assert "(x, a, 3, 0)" in out.script().replace("R.prim_value(3)", "3")
 
 
 def _big_copy_with_compute() -> tvm.IRModule:

@@ -1133,7 +1133,7 @@ def test_format_overlap_report():
     report = overlap_report(sink_dma_waits(two_copies))
     assert format_overlap_report(report) == "\n".join(
         [
-            "# DMA overlap: 2 transfers; 2 overlap other bindings, 4 bindings (not DMA builtins) in all",
+            "# DMA overlap: 2 dma_copy; 2 overlap other bindings, 4 bindings (not DMA builtins) in all",
             "#   two_copies: x -> a on queue 0, 2 bindings overlapped (wait inflight 1); "
             f"starts after {_AFTER_STORAGE}; waited before {_reads('d')}",
             "#   two_copies: y -> b on queue 0, 2 bindings overlapped (wait inflight 0); "
@@ -1198,10 +1198,10 @@ def test_report_pairs_legacy_waits_by_order_and_shows_copies_without_a_wait():
         (0, "y", "b", None, None, False),
     ]
     assert format_overlap_report(report).splitlines() == [
-        "# DMA overlap: 2 transfers; 1 overlap other bindings, 1 binding (not DMA builtins) in all",
+        "# DMA overlap: 2 dma_copy; 1 overlap other bindings, 1 binding (not DMA builtins) in all",
         "#   unwaited_and_legacy: x -> a on queue 2, 1 binding overlapped (wait inflight 0, legacy wait); "
         "starts after `b = relax.vm.alloc_tensor`; waited before the copy y -> b",
-        "#   unwaited_and_legacy: y -> b on queue 0, no wait in its block; starts after a legacy wait",
+        "#   unwaited_and_legacy: y -> b on queue 0, no wait in its block completes it; starts after a legacy wait",
     ]
 
 

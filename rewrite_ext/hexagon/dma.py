@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import numbers
 from dataclasses import dataclass
 from collections.abc import Callable, Iterator
 
@@ -188,7 +189,13 @@ def _dma_rewriter(
     return copy_to_dma_rewriter
 
 
-def _check_queues(queue_id: int, num_queues: int) -> None:
+def _check_arguments(queue_id: int, num_queues: int, bypass_cache: bool) -> None:
+    """The arguments' types and the engine's queue range, checked when the rewrite is made."""
+    for name, value in (("queue_id", queue_id), ("num_queues", num_queues)):
+        if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+            raise TypeError(f"copy_to_dma: {name} must be an int, got {type(value).__name__} {value!r}")
+    if not isinstance(bypass_cache, (bool, numbers.Integral)) or bypass_cache not in (0, 1):
+        raise TypeError(f"copy_to_dma: bypass_cache must be a bool, got {type(bypass_cache).__name__} {bypass_cache!r}")
     if num_queues < 1:
         raise ValueError(f"num_queues must be at least 1, got {num_queues}")
     last = queue_id + num_queues - 1
@@ -317,7 +324,8 @@ def copy_to_dma(
         R.call_builtin_with_ctx("vm.builtin.hexagon.dma_copy", (x, a, 0, 1), ty_args=(R.Tuple,))
         R.call_builtin_with_ctx("vm.builtin.hexagon.dma_wait", (0, 0, 1, x, a), ty_args=(R.Tuple,))
     """
-    _check_queues(queue_id, num_queues)
+    _check_arguments(queue_id, num_queues, bypass_cache)
+    queue_id, num_queues, bypass_cache = int(queue_id), int(num_queues), bool(bypass_cache)
     queues = itertools.cycle(range(queue_id, queue_id + num_queues))
     dropped: list[relax.Expr] = []
     known: dict | None = {} if overlap else None
@@ -355,7 +363,7 @@ def CopyToDMA(  # noqa: N802 - TVM names passes in CamelCase
         A module pass named ``CopyToDMA``.
     """
 
-    _check_queues(queue_id, num_queues)  # when the pass is made, not when it first runs
+    _check_arguments(queue_id, num_queues, bypass_cache)  # when the pass is made, not when it runs
 
     def transform(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         return copy_to_dma(

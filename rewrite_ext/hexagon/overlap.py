@@ -1067,7 +1067,7 @@ def _block_report(function: str, recs: list[_Rec], leaf) -> list[TransferOverlap
                 why = "defines dst's storage"
             starts = _what(prev) + (f" ({why})" if why else "")
         wait_position, wait = covered.get(position, (None, None))
-        stopped = "no wait in its block"
+        stopped = "no wait in its block completes it"
         if wait is not None:
             after = wait_position + 1
             while after < len(recs) and recs[after].kind == "wait":
@@ -1157,25 +1157,25 @@ def format_overlap_report(report: list[TransferOverlap]) -> str:
     Returns
     -------
     text : str
-        A header line (transfers, how many overlap compute, the total) and
-        one line per transfer, e.g.::
+        A header line (the ``dma_copy`` s, one per chunk of a split copy, how
+        many overlap compute, the total) and one line per ``dma_copy``, e.g.::
 
-            # DMA overlap: 2 transfers; 1 overlap other bindings, 3 bindings (not DMA builtins) in all
-            #   main: x -> a on queue 0, 3 bindings overlapped (wait inflight 1); starts after `a = relax.vm.alloc_tensor` (defines dst); waited before `d = relax.add` (reads dst)
+            # DMA overlap: 2 dma_copy; 1 overlap other bindings, 3 bindings (not DMA builtins) in all
+            #   main: x -> a on queue 0, 3 bindings overlapped (wait inflight 1); starts after `storage = relax.vm.alloc_storage` (defines dst's storage); waited before `d = relax.add` (reads dst)
 
         Lines start with ``#`` so the text can follow printed TVMScript.
     """
     overlapping = sum(1 for t in report if t.overlapped)
     total = sum(t.overlapped or 0 for t in report)
     lines = [
-        f"# DMA overlap: {len(report)} transfer{'' if len(report) == 1 else 's'}; {overlapping} overlap other "
+        f"# DMA overlap: {len(report)} dma_copy; {overlapping} overlap other "
         f"bindings, {total} binding{'' if total == 1 else 's'} (not DMA builtins) in all"
     ]
     for t in report:
         queue = "?" if t.queue is None else str(t.queue)
         where = f"#   {t.function}: {t.src} -> {t.dst} on queue {queue}, "
         if t.overlapped is None:
-            lines.append(where + f"no wait in its block; starts after {t.starts_after}")
+            lines.append(where + f"no wait in its block completes it; starts after {t.starts_after}")
             continue
         plural = "" if t.overlapped == 1 else "s"
         notes = ", legacy wait" if t.legacy else ", merged wait" if t.merged else ""
