@@ -180,8 +180,20 @@ def bindings_normalize_emitted(
     return found
 
 
-_OP_IS_PURE: dict[int, bool] = {}
 _CONTAINS_IMPURE = relax.analysis.contains_impure_call
+_LEAVES = (relax.Var, Constant)
+_OP = tvm.ir.Op
+# Pure by FPurity, yet they overwrite an argument (TVM's contract: one not used after them).
+_IN_PLACE = frozenset({"relax.call_tir_inplace", "relax.call_inplace_packed"})
+_OP_FLAGS: dict[int, tuple[bool, bool]] = {}  # hash(op) -> (FPurity, writes in place)
+
+
+def _op_flags(op: tvm.ir.Op) -> tuple[bool, bool]:
+    key = hash(op)
+    flags = _OP_FLAGS.get(key)
+    if flags is None:
+        flags = _OP_FLAGS[key] = (bool(op.get_attr("FPurity")), op.name in _IN_PLACE)
+    return flags
 
 
 def is_impure(value: relax.Expr) -> bool:
@@ -192,22 +204,11 @@ def is_impure(value: relax.Expr) -> bool:
     """
     if type(value) is relax.Call:
         op = value.op
-        if type(op) is _OP:
-            key = hash(op)
-            pure = _OP_IS_PURE.get(key)
-            if pure is None:
-                pure = _OP_IS_PURE[key] = bool(op.get_attr("FPurity"))
-            if pure:
-                return False
+        if type(op) is _OP and _op_flags(op)[0]:
+            return False
     elif isinstance(value, _LEAVES):
         return False
     return bool(_CONTAINS_IMPURE(value))
-
-
-_LEAVES = (relax.Var, Constant)
-_OP = tvm.ir.Op
-# Pure by FPurity, yet they overwrite an argument (TVM's contract: one not used after them).
-_IN_PLACE = frozenset({"relax.call_tir_inplace", "relax.call_inplace_packed"})
 
 
 def is_barrier(value: relax.Expr) -> bool:
@@ -216,19 +217,11 @@ def is_barrier(value: relax.Expr) -> bool:
     the same expression after it."""
     if type(value) is relax.Call:
         op = value.op
-        if type(op) is _OP:
-            key = hash(op)
-            in_place = _OP_IN_PLACE.get(key)
-            if in_place is None:
-                in_place = _OP_IN_PLACE[key] = op.name in _IN_PLACE
-            if in_place:
-                return True
+        if type(op) is _OP and _op_flags(op)[1]:
+            return True
     elif holds_blocks(value) and any(is_barrier(binding.value) for binding in all_bindings(value)):
         return True
     return is_impure(value)
-
-
-_OP_IN_PLACE: dict[int, bool] = {}
 
 
 def checks_purity(func: relax.Function) -> bool:

@@ -1267,20 +1267,6 @@ def _reused(other: int):
     return before
 
 
-@pytest.mark.parametrize(
-    "other, order",
-    [
-        (0, ["storage", "a", "h", "d", "copy(x->a)", "e", "wait(x->a, 0)", "f"]),  # a overwrites h
-        (64, ["storage", "a", "copy(x->a)", "h", "d", "e", "wait(x->a, 0)", "f"]),  # other bytes
-    ],
-    ids=["same-bytes", "other-bytes"],
-)
-def test_a_copy_never_starts_before_the_last_read_of_its_dst_bytes(other, order):
-    got = sink_dma_waits(_reused(other))
-    relax.analysis.well_formed(got)
-    assert _bindings_in_order(got) == order
-
-
 def _allocated_late(other: int):
     """a is allocated just before its copy, as stage_in_vtcm emits it; h, read by d, sits at
     byte ``other`` of the same storage (a is [0, 64))."""
@@ -1301,15 +1287,18 @@ def _allocated_late(other: int):
 
 
 @pytest.mark.parametrize(
-    "other, order",
+    "make, other, order",
     [
-        (0, ["storage", "h", "d", "a", "copy(x->a)", "e", "wait(x->a, 0)", "f"]),  # after h's read
-        (64, ["storage", "a", "copy(x->a)", "h", "d", "e", "wait(x->a, 0)", "f"]),  # other bytes
+        (_reused, 0, ["storage", "a", "h", "d", "copy(x->a)", "e", "wait(x->a, 0)", "f"]),  # a overwrites h
+        (_reused, 64, ["storage", "a", "copy(x->a)", "h", "d", "e", "wait(x->a, 0)", "f"]),  # other bytes
+        # a's allocation moves up with its transfer, as far as the last read of its bytes
+        (_allocated_late, 0, ["storage", "h", "d", "a", "copy(x->a)", "e", "wait(x->a, 0)", "f"]),
+        (_allocated_late, 64, ["storage", "a", "copy(x->a)", "h", "d", "e", "wait(x->a, 0)", "f"]),
     ],
-    ids=["same-bytes", "other-bytes"],
+    ids=["same-bytes", "other-bytes", "allocated-late-same-bytes", "allocated-late-other-bytes"],
 )
-def test_the_allocation_of_dst_moves_up_with_its_transfer(other, order):
-    got = sink_dma_waits(_allocated_late(other))
+def test_a_copy_never_starts_before_the_last_read_of_its_dst_bytes(make, other, order):
+    got = sink_dma_waits(make(other))
     relax.analysis.well_formed(got)
     assert _bindings_in_order(got) == order
 
