@@ -1,6 +1,6 @@
 """Stage an MLP's kernel inputs into VTCM, move them by DMA, and run it on the CPU.
 
-    python examples/mlp_vtcm.py [--capacity BYTES | --target qcom/hexagon-v68] [--overlap] [--prefetch] [--print-ir]
+    python examples/mlp_vtcm.py [--capacity BYTES | --target qcom/hexagon-v68] [--overlap [--num-queues N]] [--prefetch] [--print-ir]
 
 The model is written with ``tvm.relax.frontend.nn`` and lowered by TVM's own
 passes to VM-level IR (:data:`LOWER_TO_VM_IR`: kernels called with their
@@ -25,7 +25,15 @@ import tvm
 from tvm import relax
 from tvm.relax.frontend import nn
 
-from rewrite_ext.hexagon import copy_to_dma, cpu_dma, cpu_vtcm, plan_vtcm, stage_in_vtcm
+from rewrite_ext.hexagon import (
+    copy_to_dma,
+    cpu_dma,
+    cpu_vtcm,
+    format_overlap_report,
+    overlap_report,
+    plan_vtcm,
+    stage_in_vtcm,
+)
 
 #: TVM's default build pipeline up to memory planning: the IR ``stage_in_vtcm`` works on.
 LOWER_TO_VM_IR = tvm.transform.Sequential(
@@ -72,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--capacity", type=int, help="VTCM bytes (default: the target's)")
     where.add_argument("--target", default="qcom/hexagon-v68", help="Hexagon target whose vtcm-capacity is used")
-    parser.add_argument("--overlap", action="store_true", help="copy_to_dma(overlap=True)")
+    parser.add_argument("--overlap", action="store_true", help="copy_to_dma(overlap=True); prints the overlap report")
+    parser.add_argument("--num-queues", type=int, default=1, help="DMA queues the transfers go round (default 1)")
     parser.add_argument("--prefetch", action="store_true", help="stage_in_vtcm(prefetch=True): double buffering")
     parser.add_argument("--print-ir", action="store_true", help="print the staged, DMA-rewritten IR")
     args = parser.parse_args(argv)
@@ -83,9 +92,12 @@ def main(argv: list[str] | None = None) -> int:
     lowered = LOWER_TO_VM_IR(model)
     plan = plan_vtcm(lowered, capacity=capacity, prefetch=args.prefetch)
     print(plan)
-    staged = copy_to_dma(stage_in_vtcm(lowered, capacity=capacity, prefetch=args.prefetch), overlap=args.overlap)
+    staged = stage_in_vtcm(lowered, capacity=capacity, prefetch=args.prefetch)
+    staged = copy_to_dma(staged, overlap=args.overlap, num_queues=args.num_queues)
     if args.print_ir:
         print(staged["forward"])
+    if args.overlap:
+        print(format_overlap_report(overlap_report(staged)))
     with cpu_vtcm() as vtcm, cpu_dma() as dma:
         got = run(staged, inputs)
     equal = bool(np.array_equal(got, expected))

@@ -1114,10 +1114,10 @@ def test_overlap_report_of_sunk_and_unsunk_ir():
     ]
     assert before[0].stopped_by == "the copy y -> b"  # a wait not moved: no reason to give
     assert overlap_report(sink_dma_waits(mod)) == [
-        TransferOverlap("main", 0, "x", "a", 3, 1, starts_after=_AFTER_STORAGE, stopped_by=_reads("g")),
-        TransferOverlap("main", 1, "y", "b", 2, 1, starts_after=_AFTER_STORAGE, stopped_by=_reads("g")),
-        TransferOverlap("main", 0, "x", "e", 2, 0, starts_after=_AFTER_STORAGE, stopped_by=_reads("h")),
-        TransferOverlap("main", 1, "y", "f", 1, 0, starts_after=_AFTER_STORAGE, stopped_by=_reads("h")),
+        TransferOverlap("main", 0, "x", "a", 3, 1, starts_after=_AFTER_STORAGE, stopped_by=_reads("g"), kernels=0),
+        TransferOverlap("main", 1, "y", "b", 2, 1, starts_after=_AFTER_STORAGE, stopped_by=_reads("g"), kernels=0),
+        TransferOverlap("main", 0, "x", "e", 2, 0, starts_after=_AFTER_STORAGE, stopped_by=_reads("h"), kernels=0),
+        TransferOverlap("main", 1, "y", "f", 1, 0, starts_after=_AFTER_STORAGE, stopped_by=_reads("h"), kernels=0),
     ]
 
 
@@ -1133,10 +1133,11 @@ def test_format_overlap_report():
     report = overlap_report(sink_dma_waits(two_copies))
     assert format_overlap_report(report) == "\n".join(
         [
-            "# DMA overlap: 2 dma_copy; 2 overlap other bindings, 4 bindings (not DMA builtins) in all",
-            "#   two_copies: x -> a on queue 0, 2 bindings overlapped (wait inflight 1); "
+            "# DMA overlap: 2 dma_copy; 2 overlap other bindings, 4 bindings (not DMA builtins) in all; "
+            "0 overlap a kernel call",
+            "#   two_copies: x -> a on queue 0, 2 bindings overlapped, 0 kernel calls (wait inflight 1); "
             f"starts after {_AFTER_STORAGE}; waited before {_reads('d')}",
-            "#   two_copies: y -> b on queue 0, 2 bindings overlapped (wait inflight 0); "
+            "#   two_copies: y -> b on queue 0, 2 bindings overlapped, 0 kernel calls (wait inflight 0); "
             f"starts after {_AFTER_STORAGE}; waited before {_reads('e')}",
         ]
     )
@@ -1198,8 +1199,9 @@ def test_report_pairs_legacy_waits_by_order_and_shows_copies_without_a_wait():
         (0, "y", "b", None, None, False),
     ]
     assert format_overlap_report(report).splitlines() == [
-        "# DMA overlap: 2 dma_copy; 1 overlap other bindings, 1 binding (not DMA builtins) in all",
-        "#   unwaited_and_legacy: x -> a on queue 2, 1 binding overlapped (wait inflight 0, legacy wait); "
+        "# DMA overlap: 2 dma_copy; 1 overlap other bindings, 1 binding (not DMA builtins) in all; "
+        "0 overlap a kernel call",
+        "#   unwaited_and_legacy: x -> a on queue 2, 1 binding overlapped, 0 kernel calls (wait inflight 0, legacy wait); "
         "starts after `b = relax.vm.alloc_tensor`; waited before the copy y -> b",
         "#   unwaited_and_legacy: y -> b on queue 0, no wait in its block completes it; starts after a legacy wait",
     ]

@@ -28,6 +28,7 @@ from rewrite_ext.hexagon import (
     copy_to_dma,
     cpu_dma,
     cpu_vtcm,
+    overlap_report,
     plan_vtcm,
     stage_in_vtcm,
     vtcm_capacity,
@@ -126,7 +127,7 @@ def test_plan_lists_every_chosen_argument_and_the_slots():
     ]
     assert plan.slots == {"main": (512, 128)}
     assert plan.left_in_place == []
-    assert "5 tensor(s) staged, 0 left in place; main: 640 bytes in 2 slot(s)" in str(plan)
+    assert "5 tensor(s) staged, 0 left in place; main: 640 bytes in 2 slot(s), 4096 in 2048-byte blocks" in str(plan)
 
 
 # -- capacity ----------------------------------------------------------------------------
@@ -425,6 +426,7 @@ def test_prefetch_gives_consecutive_calls_other_slots_so_weights_load_during_the
     func = copy_to_dma(staged, overlap=True)["forward"]
     assert _kernels_during(func, "fc2.weight") == ["relu"]
     assert _kernels_during(func, "relu") == ["transpose1"]
+    assert sorted(t.src for t in overlap_report(func) if t.kernels) == ["fc2.weight", "relu", "x"]
     # On two queues a weight's copy need not wait behind the previous kernel's output's.
     func = copy_to_dma(staged, overlap=True, num_queues=2)["forward"]
     assert _kernels_during(func, "fc1.bias") == ["matmul"]

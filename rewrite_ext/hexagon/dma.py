@@ -197,7 +197,7 @@ def _check_arguments(queue_id: int, num_queues: int, bypass_cache: bool) -> None
     if not isinstance(bypass_cache, (bool, numbers.Integral)) or bypass_cache not in (0, 1):
         raise TypeError(f"copy_to_dma: bypass_cache must be a bool, got {type(bypass_cache).__name__} {bypass_cache!r}")
     if num_queues < 1:
-        raise ValueError(f"num_queues must be at least 1, got {num_queues}")
+        raise ValueError(f"copy_to_dma: num_queues must be at least 1, got {num_queues}")
     last = queue_id + num_queues - 1
     if queue_id not in USER_QUEUES or last not in USER_QUEUES:
         used = f"queue {queue_id}" if num_queues == 1 else f"queues {queue_id}..{last}"

@@ -968,6 +968,10 @@ class TransferOverlap:
         What comes right after the wait: a binding that conflicts with the
         transfer, one that needs a later transfer of the queue, or the end of
         the block.
+    kernels : Optional[int]
+        How many of the ``overlapped`` bindings call a kernel: a PrimFunc or
+        Relax function by its GlobalVar, an extern (packed) function, or
+        ``call_tir``/``call_dps_packed``.  None as for ``overlapped``.
     """
 
     function: str
@@ -980,14 +984,30 @@ class TransferOverlap:
     merged: bool = False
     starts_after: str = ""
     stopped_by: str = ""
+    kernels: int | None = None
 
 
 def _name(expr: object) -> str:
     return _ir.var_name(expr) if isinstance(expr, relax.Var) else "?" if expr is None else str(expr)
 
 
+_KERNEL_OPS = frozenset({"relax.call_tir", "relax.call_tir_inplace", "relax.call_dps_packed", "relax.call_packed"})
+
+
+def _is_kernel(rec: _Rec) -> bool:
+    if rec.kind in ("copy", "wait") or rec.binding is None:
+        return False
+    value = rec.binding.value
+    if not isinstance(value, relax.Call):
+        return False
+    op = value.op
+    return isinstance(op, (relax.GlobalVar, relax.ExternFunc)) or (isinstance(op, tvm.ir.Op) and op.name in _KERNEL_OPS)
+
+
 def _what(rec: _Rec) -> str:
     value = rec.binding.value
+    if isinstance(value, relax.Var):  # an alias, as TVM's lowering binds outputs
+        return f"`{_name(rec.var)} = {_name(value)}`"
     if rec.kind == "wait":
         return f"the wait for {_name(rec.dma.src)} -> {_name(rec.dma.dst)}" if rec.dma.src is not None else "a legacy wait"
     if rec.kind == "copy":
@@ -1027,6 +1047,7 @@ def _why(rec: _Rec, src: tuple, dst: tuple, defines: tuple, leaf) -> str | None:
 
 def _block_report(function: str, recs: list[_Rec], leaf) -> list[TransferOverlap]:
     compute = list(itertools.accumulate((r.kind not in ("copy", "wait") for r in recs), initial=0))
+    kernels = list(itertools.accumulate((_is_kernel(r) for r in recs), initial=0))
     pending: dict = defaultdict(deque)
     covered: dict[int, tuple[int, _Rec]] = {}  # copy position -> (wait position, wait)
     copies = []
@@ -1087,6 +1108,7 @@ def _block_report(function: str, recs: list[_Rec], leaf) -> list[TransferOverlap
                 src=_name(copy.src),
                 dst=_name(copy.dst),
                 overlapped=None if wait is None else compute[wait_position] - compute[position + 1],
+                kernels=None if wait is None else kernels[wait_position] - kernels[position + 1],
                 inflight=None if wait is None else wait.dma.inflight,
                 legacy=wait is not None and wait.dma.src is None,
                 merged=wait is not None and wait.dma.src is not None and not (_same(wait.dma.src, src) and _same(wait.dma.dst, dst)),
@@ -1160,16 +1182,18 @@ def format_overlap_report(report: list[TransferOverlap]) -> str:
         A header line (the ``dma_copy`` s, one per chunk of a split copy, how
         many overlap compute, the total) and one line per ``dma_copy``, e.g.::
 
-            # DMA overlap: 2 dma_copy; 1 overlap other bindings, 3 bindings (not DMA builtins) in all
-            #   main: x -> a on queue 0, 3 bindings overlapped (wait inflight 1); starts after `storage = relax.vm.alloc_storage` (defines dst's storage); waited before `d = relax.add` (reads dst)
+            # DMA overlap: 2 dma_copy; 1 overlap other bindings, 3 bindings (not DMA builtins) in all; 0 overlap a kernel call
+            #   main: x -> a on queue 0, 3 bindings overlapped, 0 kernel calls (wait inflight 1); starts after `storage = relax.vm.alloc_storage` (defines dst's storage); waited before `d = relax.add` (reads dst)
 
         Lines start with ``#`` so the text can follow printed TVMScript.
     """
     overlapping = sum(1 for t in report if t.overlapped)
     total = sum(t.overlapped or 0 for t in report)
+    with_kernels = sum(1 for t in report if t.kernels)
     lines = [
         f"# DMA overlap: {len(report)} dma_copy; {overlapping} overlap other "
-        f"bindings, {total} binding{'' if total == 1 else 's'} (not DMA builtins) in all"
+        f"bindings, {total} binding{'' if total == 1 else 's'} (not DMA builtins) in all; "
+        f"{with_kernels} overlap a kernel call"
     ]
     for t in report:
         queue = "?" if t.queue is None else str(t.queue)
@@ -1180,7 +1204,8 @@ def format_overlap_report(report: list[TransferOverlap]) -> str:
         plural = "" if t.overlapped == 1 else "s"
         notes = ", legacy wait" if t.legacy else ", merged wait" if t.merged else ""
         lines.append(
-            where + f"{t.overlapped} binding{plural} overlapped (wait inflight {t.inflight}{notes}); "
+            where + f"{t.overlapped} binding{plural} overlapped, {t.kernels} kernel call{'' if t.kernels == 1 else 's'} "
+            f"(wait inflight {t.inflight}{notes}); "
             f"starts after {t.starts_after}; waited before {t.stopped_by}"
         )
     return "\n".join(lines)

@@ -186,7 +186,10 @@ class VTCMPlan:
         return [t for t in self.tensors if t.slot is None]
 
     def __str__(self) -> str:
-        used = ", ".join(f"{name}: {sum(sizes)} bytes in {len(sizes)} slot(s)" for name, sizes in self.slots.items())
+        used = ", ".join(
+            f"{name}: {sum(sizes)} bytes in {len(sizes)} slot(s), {_vtcm_bytes(list(sizes))} in {VTCM_BLOCK_BYTES}-byte blocks"
+            for name, sizes in self.slots.items()
+        )
         lines = [
             f"# VTCM plan: capacity {self.capacity} bytes; {len(self.staged)} tensor(s) staged, "
             f"{len(self.left_in_place)} left in place" + (f"; {used}" if used else "")
@@ -491,10 +494,14 @@ def stage_in_vtcm(
     """
     plan = plan_vtcm(target, select=select, capacity=capacity, prefetch=prefetch)
     if plan.left_in_place:
+        every = plan_vtcm(target, select=select, capacity=2**62, prefetch=prefetch)
+        needed = max(_vtcm_bytes(list(sizes)) for sizes in every.slots.values())
         warnings.warn(
             f"stage_in_vtcm: {len(plan.left_in_place)} tensor(s) do not fit in {plan.capacity} bytes of "
             "VTCM beside the slots already planned (a call's tensors take slots of their own, each "
-            "slot as large as its largest tensor) and stay where they are: "
+            f"slot as large as its largest tensor and counted in whole {VTCM_BLOCK_BYTES}-byte blocks, "
+            f"as TVM's VTCM allocator hands it out; staging all of them would take {needed} bytes, "
+            "beside any VTCM the function allocates itself) and stay where they are: "
             + "; ".join(str(t) for t in plan.left_in_place),
             VTCMCapacityWarning,
             stacklevel=2,
