@@ -549,15 +549,22 @@ class _Unit:
         tensor = events[-1]
         if type(tensor) is not _Rec or tensor.kind != "alloc":
             return
-        if not (_same(tensor.var, self.dst) or any(_same(tensor.var, view.dma.src) for view in self.views)):
+        moved = {tensor.var.__chandle__()}
+        if not (
+            (type(self.dst) in _VARS and self.dst.__chandle__() in moved)
+            or any(_h(view.dma.src) in moved for view in self.views)
+        ):
             return
         self.allocs = [tensor]
+        uses = list(tensor.uses)
         storage = events[-2] if len(events) > 1 else None
-        if type(storage) is _Rec and storage.kind == "storage" and any(_same(storage.var, v) for v in tensor.uses):
-            self.allocs.insert(0, storage)
-        moved = [alloc.var for alloc in self.allocs]
-        uses = [v for alloc in self.allocs for v in alloc.uses]
-        self.deps = [v for v in self.deps + uses if not any(_same(v, m) for m in moved)]
+        if type(storage) is _Rec and storage.kind == "storage":
+            handle = storage.var.__chandle__()
+            if any(v.__chandle__() == handle for v in uses):
+                self.allocs.insert(0, storage)
+                moved.add(handle)
+                uses += storage.uses
+        self.deps = [v for v in self.deps + uses if v.__chandle__() not in moved]
 
 
 def _same(a: object, b: object) -> bool:
