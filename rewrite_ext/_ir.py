@@ -204,7 +204,7 @@ def is_impure(value: relax.Expr) -> bool:
     """
     if type(value) is relax.Call:
         op = value.op
-        if type(op) is _OP and _op_flags(op)[0]:
+        if type(op) is _OP and (_OP_FLAGS.get(hash(op)) or _op_flags(op))[0]:
             return False
     elif isinstance(value, _LEAVES):
         return False
@@ -217,7 +217,7 @@ def is_barrier(value: relax.Expr) -> bool:
     the same expression after it."""
     if type(value) is relax.Call:
         op = value.op
-        if type(op) is _OP and _op_flags(op)[1]:
+        if type(op) is _OP and (_OP_FLAGS.get(hash(op)) or _op_flags(op))[1]:
             return True
     elif holds_blocks(value) and any(is_barrier(binding.value) for binding in all_bindings(value)):
         return True
