@@ -647,9 +647,9 @@ def _plan_block(recs: list[_Rec], last_use: dict, leaf, params: set[int]) -> lis
     pending: dict[int, deque[_Unit]] = defaultdict(deque)
     floor: dict[int, int] = {}  # queue -> the slot its next transfer starts after, at the earliest
     # The descriptor ring: dma_copy s not yet waited for stay at most RING_DESCRIPTORS over all
-    # queues at every point.  A transfer started at slot s is in flight beside every open one
-    # and every one completed after s, so `completions` (the slot of each run of waits and the
-    # dma_copy s completed so far) bounds what is in flight after any slot.
+    # queues at every point.  A transfer started at slot s is in flight beside, at most, every
+    # open one and every one completed after s: `completion_slots` (where each run of waits
+    # stands) with `completed_copies` (the dma_copy s completed by then) bound it for any s.
     open_copies = 0
     completion_slots: list[int] = []
     completed_copies: list[int] = []
