@@ -120,6 +120,13 @@ def _rewrite_function(
                 if len(rules.rules) == 1
                 else "Make each rule's output match no rule's pattern (its own or another's)"
             )
+            if result.kept_the_match:
+                kept = ", ".join(f"'{v}'" for v in result.kept_the_match)
+                fix = (
+                    f"The rewrite of {kept} holds the very call that matched (as in "
+                    "R.astype(orig, ...)), bound again before it, so it matches in every pass: build "
+                    "the output from the parts in matchings instead. " + fix
+                )
             raise RewriteError(
                 f"rewrite_ext: in function '{name}', pattern {rules.description}: did not converge "
                 f"after max_iterations={max_iterations} passes; bindings still matching: "

@@ -110,6 +110,8 @@ class PassResult:
     """Bindings rewritten or kept with new bindings before them."""
     changed_names: list[str] = field(default_factory=list)
     """The first ``NAMES_SHOWN`` of those bindings' vars, for messages."""
+    kept_the_match: list[str] = field(default_factory=list)
+    """Of those, the bindings whose rewrite holds the very value that matched (``astype(orig)``)."""
     interior: list[relax.Var] = field(default_factory=list)
     """Pure bindings seen through by a match, to drop if nothing reads them any more."""
     may_rematch: bool = False
@@ -414,6 +416,8 @@ class FunctionPass(PyExprMutator):
         result.changes += 1
         if len(result.changed_names) < NAMES_SHOWN:
             result.changed_names.append(_ir.var_name(binding.var))
+            if not keep and any(extra.value.same_as(value) for extra in new):
+                result.kept_the_match.append(_ir.var_name(binding.var))
         return True
 
     def _call_rewriter(

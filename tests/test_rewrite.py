@@ -179,6 +179,15 @@ def test_rule_that_never_converges_is_an_error_naming_the_bindings_that_keep_mat
     assert "'b'" in message and "'c'" not in message and "max_iterations=3" in message
 
 
+def test_a_rewrite_holding_the_matched_call_itself_is_named_as_why_it_never_converges():
+    with pytest.raises(RewriteError, match="did not converge") as info:
+        rewrite_call(ADD, lambda orig, m: relax.op.astype(orig, "float16"), add_chain, max_iterations=2)
+    assert "holds the very call that matched (as in R.astype(orig, ...))" in str(info.value)
+    with pytest.raises(RewriteError, match="did not converge") as info:  # a swap holds no such call
+        rewrite_call(ADD, lambda orig, m: relax.op.add(m[Y], m[X]), add_chain, max_iterations=2)
+    assert "holds the very call" not in str(info.value)
+
+
 def test_a_non_convergence_message_names_the_first_ten_bindings_and_counts_the_rest():
     builder = relax.BlockBuilder()
     x = relax.Var("x", TensorType((4,), "float32"))
