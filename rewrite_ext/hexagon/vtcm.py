@@ -31,9 +31,10 @@ knows no ``global.vtcm`` scope.
 from __future__ import annotations
 
 import functools
+import math
 import numbers
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, ClassVar, NamedTuple
@@ -187,7 +188,7 @@ class VTCMPlan:
 
     def __str__(self) -> str:
         used = ", ".join(
-            f"{name}: {sum(sizes)} bytes in {len(sizes)} slot(s), {_vtcm_bytes(list(sizes))} in {VTCM_BLOCK_BYTES}-byte blocks"
+            f"{name}: {sum(sizes)} bytes in {len(sizes)} slot(s), {_vtcm_bytes(sizes)} in {VTCM_BLOCK_BYTES}-byte blocks"
             for name, sizes in self.slots.items()
         )
         lines = [
@@ -256,9 +257,9 @@ def _assign_slots(
             used = _vtcm_bytes(sizes)
             if fitting:
                 slot = min(fitting, key=sizes.__getitem__)
-            elif largest is not None and used + _vtcm_bytes([need]) - _vtcm_bytes([sizes[largest]]) <= capacity:
+            elif largest is not None and used + _blocks(need) - _blocks(sizes[largest]) <= capacity:
                 slot, sizes[largest] = largest, need
-            elif used + _vtcm_bytes([need]) <= capacity:
+            elif used + _blocks(need) <= capacity:
                 slot = len(sizes)
                 sizes.append(need)
             else:
@@ -277,26 +278,34 @@ def _assign_slots(
 VTCM_BLOCK_BYTES = 2048
 
 
-def _vtcm_bytes(sizes: list[int]) -> int:
-    """The VTCM ``sizes`` take, each rounded up to whole blocks as TVM's allocator does."""
-    return sum(-(-size // VTCM_BLOCK_BYTES) * VTCM_BLOCK_BYTES for size in sizes)
+def _blocks(nbytes: int) -> int:
+    """``nbytes`` rounded up to whole blocks, as TVM's allocator hands VTCM out."""
+    return -(-nbytes // VTCM_BLOCK_BYTES) * VTCM_BLOCK_BYTES
+
+
+def _vtcm_bytes(sizes: Iterable[int]) -> int:
+    """The VTCM storages of ``sizes`` bytes take."""
+    return sum(_blocks(size) for size in sizes)
+
+
+def _vtcm_storages(func: relax.Function) -> Iterator[relax.Call]:
+    """The ``global.vtcm`` storage allocations of ``func``, at any depth."""
+    for binding in all_bindings(func):
+        value = binding.value
+        if isinstance(value, relax.Call) and _scope_of(value) == VTCM_SCOPE:
+            yield value
 
 
 def _vtcm_in_use(func: relax.Function, capacity: int) -> int:
     """The VTCM the function's own ``global.vtcm`` storages take already (a size that is not
     static: all of it), so that staging again, or after another pass, stays within capacity."""
     sizes = []
-    for binding in all_bindings(func):
-        value = binding.value
-        if isinstance(value, relax.Call) and _scope_of(value) == VTCM_SCOPE:
-            size = value.args[0]
-            dims = [imm_value(d) for d in size.values] if isinstance(size, relax.ShapeExpr) else [None]
-            if any(d is None for d in dims):
-                return capacity
-            count = 1
-            for d in dims:
-                count *= d
-            sizes.append(count)
+    for storage in _vtcm_storages(func):
+        size = storage.args[0]
+        dims = [imm_value(d) for d in size.values] if isinstance(size, relax.ShapeExpr) else [None]
+        if None in dims:
+            return capacity
+        sizes.append(math.prod(dims))
     return _vtcm_bytes(sizes)
 
 
@@ -495,7 +504,7 @@ def stage_in_vtcm(
     plan = plan_vtcm(target, select=select, capacity=capacity, prefetch=prefetch)
     if plan.left_in_place:
         every = plan_vtcm(target, select=select, capacity=2**62, prefetch=prefetch)
-        needed = max(_vtcm_bytes(list(sizes)) for sizes in every.slots.values())
+        needed = max(_vtcm_bytes(sizes) for sizes in every.slots.values())
         warnings.warn(
             f"stage_in_vtcm: {len(plan.left_in_place)} tensor(s) do not fit in {plan.capacity} bytes of "
             "VTCM beside the slots already planned (a call's tensors take slots of their own, each "
@@ -526,13 +535,11 @@ def stage_in_vtcm(
 def allocates_vtcm(mod: tvm.IRModule) -> bool:
     """Whether a Relax function of ``mod`` allocates ``global.vtcm`` storage, so runs on the
     CPU need :func:`cpu_vtcm` (a module ``stage_in_vtcm`` staged, say)."""
-    for _, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            for binding in all_bindings(func):
-                value = binding.value
-                if isinstance(value, relax.Call) and _scope_of(value) == VTCM_SCOPE:
-                    return True
-    return False
+    return any(
+        next(_vtcm_storages(func), None) is not None
+        for _, func in mod.functions_items()
+        if isinstance(func, relax.Function)
+    )
 
 _ALLOC_STORAGE = "vm.builtin.alloc_storage"
 
