@@ -687,14 +687,18 @@ def _plan_block(recs: list[_Rec], last_use: dict, leaf, params: set[int]) -> lis
                 continue  # the end of the block: nothing after it conflicts or depends
             done = sum(len(unit.copies) for unit in run)
             open_copies -= done
-            completion_slots.append(len(out) - 1)  # (a kept wait of the run may be earlier)
-            completed_copies.append((completed_copies[-1] if completed_copies else 0) + done)
+            completed(len(out) - 1, done)  # (a kept wait of the run may be earlier)
             for unit in run:  # a merged transfer completes at the last wait of the run
                 for bucket in unit.buckets:
                     del bucket[unit.seq]
                 slot = kept.get(unit.seq, len(out) - 1)
                 read.put(unit.src_fact, slot)
                 written.put(unit.dst_fact, slot)
+
+    def completed(slot: int, copies: int) -> None:
+        """Note that ``copies`` dma_copy s are no longer in flight after ``slot``."""
+        completion_slots.append(slot)
+        completed_copies.append((completed_copies[-1] if completed_copies else 0) + copies)
 
     def make_room(copies: int) -> None:
         """Complete the oldest transfers until ``copies`` more fit in the ring."""
@@ -748,8 +752,7 @@ def _plan_block(recs: list[_Rec], last_use: dict, leaf, params: set[int]) -> lis
             out.append((unit,))
             slot = len(out) - 1
             # In flight here, beside whatever a later transfer starting earlier is.
-            completion_slots.append(slot)
-            completed_copies.append((completed_copies[-1] if completed_copies else 0) + len(unit.copies))
+            completed(slot, len(unit.copies))
             for view in unit.views:
                 defined[_h(view.var)] = slot
             read.put(unit.src_fact, slot)
