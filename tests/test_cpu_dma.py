@@ -266,13 +266,15 @@ def test_another_exception_is_not_masked_and_functions_are_restored():
 def test_nesting_raises_and_leaves_the_outer_context_working():
     executable = _build(CopyWait)
     x = _x()
+    assert CPUDMA.active() is None
     with cpu_dma() as outer:
         with pytest.raises(DMAError, match="does not nest"):
             with cpu_dma():
                 pass
+        assert CPUDMA.active() is outer
         out = _run(executable, x)
     np.testing.assert_array_equal(out.numpy(), x + 1)
-    assert outer.completed == 2 and CPUDMA._active is None
+    assert outer.completed == 2 and CPUDMA.active() is None
 
 
 def test_a_vm_used_after_the_context_raises():

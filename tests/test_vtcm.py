@@ -20,6 +20,7 @@ from tvm.script import tirx as T
 
 import rewrite_ext  # noqa: F401 - registers R.vm.copy_tensor
 from rewrite_ext.hexagon import (
+    CPUVTCM,
     DMA_COPY,
     DMA_WAIT,
     VTCM_BLOCK_BYTES,
@@ -295,12 +296,14 @@ def test_vtcm_storage_needs_the_stand_in_on_the_cpu():
         with pytest.raises(RuntimeError, match="does not nest"):
             with cpu_vtcm():
                 pass
+        assert CPUVTCM.active() is vtcm
         got = _run(staged, _tiny_inputs())
     x, y, z = _tiny_inputs()
     b = (x + y) * (x + y)
     np.testing.assert_allclose(got, np.concatenate([b, z, b]), rtol=1e-6)
     assert vtcm.allocations == [512, 128]
     # left: TVM's allocator is back
+    assert CPUVTCM.active() is None
     with pytest.raises(tvm.error.InternalError):
         _run(staged, _tiny_inputs())
 

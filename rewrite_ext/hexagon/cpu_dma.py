@@ -214,6 +214,21 @@ class CPUDMA:
         self.ring_stalls = 0
         self._in_flight_total = 0
 
+    @classmethod
+    def active(cls) -> CPUDMA | None:
+        """The stand-in entered now, if any.
+
+        The stand-ins do not nest, so a helper that needs one uses the active
+        stand-in when its caller has entered one, and enters its own otherwise.
+
+        Returns
+        -------
+        dma : CPUDMA or None
+            The stand-in whose builtins are registered, or None outside every
+            ``with cpu_dma()`` block.
+        """
+        return cls._active
+
     # -- inspection --------------------------------------------------------------------
 
     @property

@@ -559,6 +559,18 @@ class CPUVTCM:
         self.allocations: list[int] = []
         self._saved: Any = None
 
+    @classmethod
+    def active(cls) -> CPUVTCM | None:
+        """The stand-in entered now, if any (see :meth:`CPUDMA.active`).
+
+        Returns
+        -------
+        vtcm : CPUVTCM or None
+            The stand-in registered for ``vm.builtin.alloc_storage``, or None
+            outside every ``with cpu_vtcm()`` block.
+        """
+        return cls._active
+
     def __enter__(self) -> CPUVTCM:
         if CPUVTCM._active is not None:
             raise RuntimeError("cpu_vtcm() does not nest: leave the active one first")

@@ -377,9 +377,9 @@ def run(
         dma = calls_dma(mod)
     with contextlib.ExitStack() as stands_in:
         # The stand-ins do not nest: one the caller entered already serves.
-        if dma and CPUDMA._active is None:
+        if dma and CPUDMA.active() is None:
             stands_in.enter_context(cpu_dma())
-        if CPUVTCM._active is None and allocates_vtcm(mod):
+        if CPUVTCM.active() is None and allocates_vtcm(mod):
             stands_in.enter_context(cpu_vtcm())
         try:
             # Made inside cpu_dma(): the VM binds the builtins when it is constructed.
