@@ -16,8 +16,9 @@ the same expression after it).
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import tvm
@@ -287,30 +288,52 @@ class FunctionPass(PyExprMutator):
             for binding in _ir.bindings_of(bindings):
                 value = binding.value
                 rules = candidates(value)
+                visited = self.remapped and (bool(rules) or lookup is not None)
+                if visited:
+                    # A var re-typed earlier in this pass may be read here: rules are offered,
+                    # and patterns see through, what the binding reads now, not its stale value.
+                    value = self._remapped_value(binding, value)
                 if rules:
                     if self._try_rules(binding, value, rules, block):
                         continue
-                self._emit_unchanged(binding, value)
+                var = self._emit_unchanged(binding, value, visited)
                 if lookup is not None:
                     if _ir.is_barrier(value):
                         lookup.clear()
                     elif type(binding) is relax.VarBinding:
-                        var = binding.var
                         lookup[hash(var)] = (var, value)
         except BaseException:
             builder.end_frame()  # leave the builder balanced for whoever unwinds it
             raise
         return builder.end_frame()
 
-    def _emit_unchanged(self, binding: relax.Binding, value: relax.Expr) -> None:
+    def _emit_unchanged(self, binding: relax.Binding, value: relax.Expr, visited: bool = False) -> relax.Var:
+        """Emit ``binding`` as it is, or ``value`` (already through the var remap) when ``visited``.
+
+        Returns the var bound, re-typed where what it binds now has another type.
+        """
+        if visited:
+            return self._emit_replacement(binding, value, ty(value), None, visited=True)
         if not self.remapped and not _ir.holds_blocks(value):
             _ir.emit_normalized(self.builder_, binding)
-            return
+            return binding.var
         if not self.remapped:
             self.visit_binding(binding)
-            return
-        try:
+            return binding.var
+        with self._typing_after_retype(binding):
             self.visit_binding(binding)
+        return binding.var  # (only a block's lookup needs the var, and it takes the visited path)
+
+    def _remapped_value(self, binding: relax.Binding, value: relax.Expr) -> relax.Expr:
+        """``value`` with every var re-typed so far in this pass substituted, and typed anew."""
+        with self._typing_after_retype(binding):
+            return self.visit_expr(value)
+
+    @contextlib.contextmanager
+    def _typing_after_retype(self, binding: relax.Binding) -> Iterator[None]:
+        """Report TVM's type errors in re-typing ``binding`` against the latest re-typed var."""
+        try:
+            yield
         except Exception as exc:  # noqa: BLE001 - TVM's own type errors, raised while re-typing
             if isinstance(exc, RewriteError):
                 raise
@@ -358,7 +381,11 @@ class FunctionPass(PyExprMutator):
         reachable: dict[relax.Var, relax.Expr] | None,
         block: _Block,
     ) -> bool:
-        """Offer one match to ``rule``'s rewriter; True when the binding was rewritten or kept."""
+        """Offer one match to ``rule``'s rewriter; True when the binding was rewritten or kept.
+
+        Under the var remap, ``value`` is the binding's value already through it.
+        """
+        visited = self.remapped
         # TVM's own Map, as TVM's rewrite_call hands it over (converting it costs more than
         # most rewriters); a dict only when the Or nodes around the alternative are added.
         matchings = matched
@@ -397,7 +424,7 @@ class FunctionPass(PyExprMutator):
                 else:
                     _ir.emit_normalized(self.builder_, extra)
             if keep:
-                self._emit_unchanged(binding, value)
+                self._emit_unchanged(binding, value, visited)
             else:
                 self._emit_replacement(binding, new_value, new_ty, rule)
         finally:
@@ -570,32 +597,44 @@ class FunctionPass(PyExprMutator):
     # -- results ---------------------------------------------------------------------------
 
     def _emit_replacement(
-        self, binding: relax.Binding, new_value: relax.Expr, new_ty: relax.Type, rule: Rule
-    ) -> None:
-        """Bind the new value to the binding's var, re-typed if its type changed.
+        self,
+        binding: relax.Binding,
+        new_value: relax.Expr,
+        new_ty: relax.Type,
+        rule: Rule | None,
+        visited: bool = False,
+    ) -> relax.Var:
+        """Bind the new value to the binding's var, re-typed if its type changed; return the var.
 
         Later uses of a re-typed var follow through the mutator's var remap.  A
         var nothing reads (a void call's ``_``, say) needs none: later bindings
-        then stay on the quick path, re-emitted as they are.
+        then stay on the quick path, re-emitted as they are.  ``rule`` None:
+        the binding is unchanged but reads a var re-typed before it.
         """
-        if self.remapped:
-            new_value = self.visit_expr(new_value)
+        if self.remapped and not visited:
+            with self._typing_after_retype(binding):
+                new_value = self.visit_expr(new_value)
             new_ty = ty(new_value)
         var = binding.var
         if type(binding) is relax.MatchCast:
             new_binding = relax.MatchCast(var, new_value, ty(binding))
+        elif new_value.same_as(binding.value):
+            new_binding = binding
         else:
             new_var = with_type(self, var, new_ty)
             if not new_var.same_as(var):
                 if var in self._used_vars():
                     set_var_remap(self, var, new_var)
                     self.remapped = self.may_rematch = True
-                    self.retyped_by = (_ir.var_name(var), rule)
+                    if rule is not None:  # (else the latest rewrite that re-typed a var caused it)
+                        self.retyped_by = (_ir.var_name(var), rule)
                 if len(relax.analysis.free_symbolic_vars(new_value)):
                     # A new type may name a symbolic var no binding defines: TVM's check decides.
                     self.check.defer(f"the var '{_ir.var_name(var)}' was re-typed with symbolic shapes")
-            new_binding = relax.VarBinding(new_var, new_value)
+                var = new_var
+            new_binding = relax.VarBinding(var, new_value)
         _ir.emit_normalized(self.builder_, new_binding)
+        return var
 
     def _note_interior(self, matched: tvm.ir.container.Map, root: relax.Expr, bound: dict[int, relax.Var]) -> None:
         """Bindings a non-wildcard sub-pattern saw through, to drop later if nothing reads them."""

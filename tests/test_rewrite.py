@@ -433,6 +433,101 @@ def test_incompatible_type_retypes_the_var_and_updates_every_later_use():
     assert ty(b.var).dtype == "float16"  # exp of a float16 is float16: no stale annotation
 
 
+@R.function
+def exp_reshape_add(x: R.Tensor((4,), "float32")):
+    with R.dataflow():
+        a = R.exp(x)
+        b = R.reshape(a, R.shape([4]))  # a no-op until `a` becomes a matrix
+        c = R.add(b, b)
+        R.output(c)
+    return c
+
+
+_EXP = is_op("relax.exp")(X)
+_RESHAPE = is_op("relax.reshape")(Y, wildcard())
+
+
+def _exp_to_matrix(orig, m):
+    return relax.op.reshape(relax.op.sqrt(m[X]), (2, 2))
+
+
+def _drop_noop_reshape(orig, m):
+    shape = orig.args[1]
+    return m[Y] if tvm_ffi.structural_equal(ty(m[Y]).shape, shape) else orig
+
+
+@pytest.mark.parametrize("form", ["rules", "one or-pattern"])
+def test_a_later_match_reads_the_var_as_re_typed_earlier_in_the_same_pass(form):
+    # `a` becomes (2, 2): the reshape of `a` to (4,) is no longer a no-op, and its rewriter
+    # must see `a` typed (2, 2), as running the two rules one after the other does.
+    seen = []
+
+    def drop(orig, m):
+        seen.append(tuple(int(d) for d in ty(m[Y]).shape))
+        return _drop_noop_reshape(orig, m)
+
+    if form == "rules":
+        out = apply_rules([Rule(_EXP, _exp_to_matrix), Rule(_RESHAPE, drop)], exp_reshape_add)
+    else:
+        out = rewrite_call(
+            _EXP | _RESHAPE, lambda orig, m: _exp_to_matrix(orig, m) if _EXP in m else drop(orig, m), exp_reshape_add
+        )
+    relax.analysis.well_formed(out)
+    assert (2, 2) in seen and (4,) not in seen[: seen.index((2, 2)) + 1]
+    b = out.body.blocks[0].bindings[2]
+    assert b.value.op.name == "relax.reshape" and [int(d) for d in ty(b.var).shape] == [4]
+    assert [int(d) for d in ty(out.body.body).shape] == [4]
+    first = rewrite_call(_EXP, _exp_to_matrix, exp_reshape_add)
+    one_after_the_other = apply_rules([Rule(_RESHAPE, _drop_noop_reshape)], first)
+    assert_same_results(one_after_the_other, out)
+
+
+def test_a_pattern_sees_through_a_binding_as_it_reads_after_an_earlier_re_type():
+    @R.function
+    def f(x: R.Tensor((4,), "float32")):
+        with R.dataflow():
+            a = R.add(x, x)
+            b = R.exp(a)
+            c = R.multiply(b, b)
+            R.output(c)
+        return c
+
+    def to_half(orig, m):
+        return relax.op.astype(relax.op.multiply(m[X], relax.const(2.0, "float32")), "float16")
+
+    exp_f32 = is_op("relax.exp")(wildcard()).has_dtype("float32")
+    rules = [
+        Rule(is_op("relax.add")(X, X), to_half),
+        Rule(is_op("relax.multiply")(exp_f32, exp_f32), lambda orig, m: relax.op.zeros_like(orig)),
+    ]
+    out = apply_rules(rules, f)
+    relax.analysis.well_formed(out)
+    # `b` is exp of a float16 value now: float16, so the float32-only pattern must not match it.
+    assert "zeros_like" not in out.script()
+    assert ty(out.body.body).dtype == "float16"
+    assert_same_results(apply_rules(rules[1:], apply_rules(rules[:1], f)), out)
+
+
+def test_a_later_binding_tvm_cannot_type_against_a_re_typed_var_names_both_bindings():
+    @R.function
+    def f(x: R.Tensor((4,), "float32")):
+        with R.dataflow():
+            b = R.add(x, x)
+            c = R.add(b, x)
+            R.output(c)
+        return c
+
+    def to_half(orig, m):
+        if ty(m[X]).dtype != "float32" or ty(m[Y]).dtype != "float32":
+            raise Decline("only float32 adds")
+        return relax.op.astype(relax.op.subtract(m[X], relax.op.negative(m[Y])), "float16")
+
+    before = f.script()
+    with pytest.raises(RewriteError, match="binding 'c'.*the rewrite of binding 'b' changed its var's type"):
+        rewrite_call(is_op("relax.add")(X, Y), to_half, f)
+    assert f.script() == before
+
+
 def test_compatible_type_keeps_the_binding_var():
     out = rewrite_call(ADD, to_multiply, add_chain)
     for old, new in zip(add_chain.body.blocks[0].bindings, out.body.blocks[0].bindings):
