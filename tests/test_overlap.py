@@ -1522,6 +1522,129 @@ def test_a_transfer_starts_no_earlier_than_the_ring_has_room_for_it():
     assert engine.peak_in_flight_total == 100 and engine.ring_stalls == 0
 
 
+def _copies_around_nested_dma(where: str) -> tvm.IRModule:
+    """100 copies of x, an If branch or a call of another function doing a copy of its own (on
+    memory nothing else touches), then 100 more copies of x."""
+    t = TensorType([16], "float32")
+    bb = relax.BlockBuilder()
+    p = relax.Var("p", t)
+    with bb.function("helper", [p], pure=False, private=True):
+        q = bb.emit(relax.op.builtin.alloc_tensor(relax.ShapeExpr([16]), "float32", 0))
+        bb.emit(copy_tensor(p, q))
+        bb.emit_func_output(q)
+    helper = bb.get().get_global_var("helper")
+    x, y = relax.Var("x", t), relax.Var("y", t)
+    cond = relax.Var("cond", TensorType([], "bool"))
+    with bb.function("main", [x, y, cond], pure=False):
+        z = bb.emit(relax.op.add(y, y))
+        outs = []
+
+        def copies(count):
+            for _ in range(count):
+                outs.append(bb.emit(relax.op.builtin.alloc_tensor(relax.ShapeExpr([16]), "float32", 0)))
+                bb.emit(copy_tensor(x, outs[-1]))
+
+        copies(100)
+        if where == "branch":
+            inner, void = relax.Var("inner", t), relax.Var("void", TupleType([]))
+            then = relax.SeqExpr(
+                [relax.BindingBlock([
+                    relax.VarBinding(inner, relax.op.builtin.alloc_tensor(relax.ShapeExpr([16]), "float32", 0)),
+                    relax.VarBinding(void, copy_tensor(z, inner)),
+                ])],
+                inner,
+            )
+            nested = bb.emit(relax.If(cond, then, relax.SeqExpr([], z)))
+        else:
+            nested = bb.emit(relax.Call(helper, [z]))
+        copies(100)
+        bb.emit_func_output(relax.Tuple(outs + [nested]))
+    return relax.transform.Normalize()(bb.get())
+
+
+@pytest.mark.parametrize("where", ["branch", "callee"])
+def test_dma_issued_in_a_branch_or_a_callee_shares_the_ring_with_what_is_in_flight(where):
+    # The 100 transfers before it would stay in flight to the end of the block, and the 100
+    # after it could start before it: either way its own copy would be the 101st in flight.
+    original = _copies_around_nested_dma(where)
+    mod = copy_to_dma(original, overlap=True, num_queues=2)
+    relax.analysis.well_formed(mod)
+    x, y = (np.arange(16, dtype="float32") + k for k in (0, 10))
+    inputs = [x, y, np.array(True)]
+    got, engine = _run(mod, inputs, dma=True)
+    expected, _ = _run(original, inputs, dma=False)
+    assert len(got) == len(expected) == 201
+    for a, b in zip(got, expected):
+        np.testing.assert_array_equal(a, b)
+    assert engine.copies == 201 and engine.ring_stalls == 0 and engine.peak_in_flight_total == 100
+    # Nothing crosses it: the 100 before are waited for just before it, none after starts before.
+    names = _bindings_in_order(mod["main"])
+    bindings = list(mod["main"].body.blocks[0].bindings)
+    nested = next(i for i, b in enumerate(bindings) if isinstance(b.value, (relax.If, relax.Call)) and (
+        isinstance(b.value, relax.If) or isinstance(b.value.op, relax.GlobalVar)))
+    assert sum(n.startswith("copy(") for n in names[:nested]) == 100
+    assert sum(n.startswith("copy(") for n in names[nested:]) == 100
+    assert names[nested - 1].startswith("wait(")
+    report = [r for r in overlap_report(mod) if r.function == "main"]
+    assert any("may issue dma_copy s of its own" in r.stopped_by for r in report)
+
+
+def test_a_transfer_of_more_chunks_than_the_ring_has_runs_alone():
+    # 102 chunks of 2**24 - 64 bytes: more descriptors than the ring holds.  On its own queue
+    # the engine only stalls; nothing of another queue may be in flight beside it.
+    big = 102 * (2**24 - 64) - 5
+
+    @I.ir_module
+    class Big:
+        @R.function(pure=False)
+        def main(x: R.Tensor((16,), "float32"), y: R.Tensor((big,), "uint8")):
+            a = R.builtin.alloc_tensor(R.shape([16]), R.dtype("float32"), R.prim_value(0))
+            R.vm.copy_tensor(x, a)
+            b = R.builtin.alloc_tensor(R.shape([big]), R.dtype("uint8"), R.prim_value(0))
+            R.vm.copy_tensor(y, b)
+            c = R.builtin.alloc_tensor(R.shape([16]), R.dtype("float32"), R.prim_value(0))
+            R.vm.copy_tensor(x, c)
+            return (a, b, c)
+
+    out = copy_to_dma(Big, overlap=True, num_queues=2)
+    relax.analysis.well_formed(out)
+    builtins = [
+        (name, imm_value(b.value.args[1].fields[0 if name == "wait" else 2]))
+        for b in _ir.all_bindings(out["main"])
+        for name in [{DMA_COPY: "copy", DMA_WAIT: "wait"}.get(_builtin(b))]
+        if name
+    ]
+    copies = [i for i, (name, _) in enumerate(builtins) if name == "copy"]
+    assert len(copies) == 104
+    first_big, last_big = copies[1], copies[102]
+    # a's transfer (queue 0) is complete before the first chunk; c's (queue 0 again) starts
+    # after the big one's wait (queue 1).
+    assert ("wait", 0) in builtins[:first_big]
+    assert ("wait", 1) in builtins[last_big:copies[103]]
+
+
+@I.ir_module
+class _CastThenAlloc:
+    @R.function(pure=False)
+    def main(x: R.Tensor((16,), "float32"), p: R.Tensor(ndim=1, dtype="float32")):
+        n = T.int64()
+        s = R.vm.alloc_storage(R.shape([64]), R.prim_value(0), R.dtype("uint8"))
+        q = R.match_cast(p, R.Tensor((n,), "float32"))
+        a = R.vm.alloc_tensor(s, R.prim_value(0), R.shape([n]), R.dtype("float32"))
+        R.vm.copy_tensor(x, a)
+        return a
+
+
+def test_an_allocation_moving_with_its_transfer_stays_after_the_match_cast_defining_its_shape():
+    out = copy_to_dma(_CastThenAlloc, overlap=True)
+    relax.analysis.well_formed(out)
+    names = _bindings_in_order(out["main"])
+    assert names.index("q") < names.index("a")
+    x = np.arange(16, dtype="float32")
+    got, _ = _run(out, [x, np.zeros(16, "float32")], dma=True)
+    np.testing.assert_array_equal(got[0], x)
+
+
 def test_sunk_output_runs_like_numpy_and_the_unsunk_rewrite_with_two_in_flight():
     original = two_copies_original()
     x, y = _inputs(original["main"], seed=1)

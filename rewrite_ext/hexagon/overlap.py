@@ -38,7 +38,13 @@ The ring
     flight at any point: before the 101st the oldest transfer is waited for,
     and a copy starts no earlier than the ring has room for it.  On a full
     ring TVM's runtime records each retry as an entry of the copying queue,
-    and then miscounts the other queues' transfers.
+    and then miscounts the other queues' transfers.  An If, or a call of a
+    function of the module or of a closure, that may issue ``dma_copy`` s of
+    its own counts against the same ring, with as many as it likes: every
+    transfer in flight is waited for before it, and none starts before it.
+    A transfer of more than 100 chunks runs alone (its queue only stalls).
+    Allocations moving with a transfer stay after a ``match_cast`` that may
+    define a symbolic var of their shape.
 Reads and writes
     An operator whose ``FPurity`` is true reads its arguments (a view, too:
     ``R.reshape`` is legalized to a copy outside dataflow) and writes none;
@@ -149,6 +155,7 @@ def _kind(op: object) -> str:
 
 
 _VARS = frozenset({relax.Var, relax.DataflowVar})
+_CLOSURE_CALLS = frozenset({"relax.invoke_closure", "relax.invoke_pure_closure"})
 _NESTED = frozenset({relax.Tuple, relax.TupleGetItem, relax.Call, relax.If, relax.SeqExpr, relax.Function})
 _VOID = TupleType([])
 
@@ -253,9 +260,13 @@ class _Rec:
 class _Reader:
     """Alias facts of vars and effects of bindings, scope by scope, planning nested blocks."""
 
-    def __init__(self, known: dict) -> None:
+    def __init__(self, known: dict, module: tvm.IRModule | None = None) -> None:
         self.facts: dict = {}
         self.known = known
+        self.module = module
+        self.copies_read = 0  # dma_copy s read so far: whether a scope issues some of its own
+        self.closures: dict[int, bool] = {}  # local function var -> whether it issues dma_copy s
+        self.callees: dict[str, bool] = {}  # the same of the module's functions, by name
         self.storages: set[int] = set()
         self.roots = itertools.count(1)
         # Parameters: their caller holds them, so KillAfterLastUse never frees them here.
@@ -348,11 +359,14 @@ class _Reader:
         if type(known) is tuple:  # a DMA builtin copy_to_dma emitted: no need to read it back
             if len(known) == 5:  # a transfer's last copy, whose wait this pass makes
                 _, dma, uses, wait, wait_uses = known
+                self.copies_read += 1
                 copy = _Rec(binding, "copy", None, uses, _NOTHING, _NOTHING, dma)
                 # The var is the copy_tensor's (void: never used, so the transfer may move).
                 return copy, _Rec(None, "wait", binding.var, wait_uses, _NOTHING, _NOTHING, wait)
             kind, dma, uses = known
             var = binding.var if kind != "copy" else None
+            if kind == "copy":
+                self.copies_read += 1
             return _Rec(binding, kind, var, uses, _NOTHING, _NOTHING, dma)
         var = binding.var
         if isinstance(value, relax.Call):
@@ -366,9 +380,12 @@ class _Reader:
     def scope(self, binding: relax.Binding, var: relax.Var, value: relax.Expr) -> _Rec:
         uses = tuple(relax.analysis.free_vars(value))
         captured = self.union(uses)
+        copies_before = self.copies_read
+        kind = "compute"
         if isinstance(value, relax.Function):
             new = self.function(value, top=False)
             fact = touched = captured  # a closure holds what it captures; defining it is a use
+            self.closures[_h(var)] = self.copies_read > copies_before
         elif isinstance(value, relax.If):
             old_true, old_false = value.true_branch, value.false_branch
             true, true_fact, true_touched = self.seq(old_true, _ANY)
@@ -382,11 +399,13 @@ class _Reader:
         else:
             new, fact, inner = self.seq(value, _ANY)
             touched = tuple(set(captured) | set(inner))
+        if not isinstance(value, relax.Function) and self.copies_read > copies_before:
+            kind = "issues dma"
         self.facts[_h(var)] = fact
         rebuilt = None
         if new is not value and isinstance(binding, relax.VarBinding):
             rebuilt = relax.VarBinding(var, new, binding.span)
-        return _Rec(binding, "compute", var, uses, touched, touched, None, rebuilt)
+        return _Rec(binding, kind, var, uses, touched, touched, None, rebuilt)
 
     def call(self, binding: relax.Binding, var: relax.Var, call: relax.Call, outside: tuple) -> _Rec:
         kind = _kind(call.op)
@@ -401,6 +420,8 @@ class _Reader:
         if kind == "builtin":
             dma = _read_dma(args)
             if dma is not None:
+                if dma[0] == "copy":
+                    self.copies_read += 1
                 return _Rec(binding, dma[0], var, _arg_vars(args), _NOTHING, _NOTHING, dma[1])
             kind = "impure"
         uses = _arg_vars(args)
@@ -429,7 +450,22 @@ class _Reader:
         self.facts[_h(var)] = tuple(set(touched) | set(outside))
         if isinstance(call.op, relax.Var):
             uses = list(uses) + [call.op]
-        return _Rec(binding, "compute", var, uses, touched, touched)
+        kind = "issues dma" if self._may_issue_dma(call) else "compute"
+        return _Rec(binding, kind, var, uses, touched, touched)
+
+    def _may_issue_dma(self, call: relax.Call) -> bool:
+        """Whether ``call`` may run ``dma_copy`` s of its own (kernels and packed functions
+        are taken to issue none)."""
+        op = call.op
+        if isinstance(op, relax.GlobalVar):
+            name = op.name_hint
+            issues = self.callees.get(name)
+            if issues is None:
+                issues = self.callees[name] = _function_issues_dma(self.module, op, set())
+            return issues
+        if type(op) in _VARS:
+            return self.closures.get(_h(op), True)  # a closure not defined here: it may
+        return isinstance(op, tvm.ir.Op) and op.name in _CLOSURE_CALLS
 
     def _placed(self, storage: tuple, offset: int | None, nbytes: int | None) -> tuple:
         if offset is None or nbytes is None:
@@ -505,6 +541,41 @@ def _read_dma(args: list) -> tuple[str, _DMA] | None:
     if len(fields) == 2:  # legacy: no src, dst
         return "wait", _DMA(imm_value(fields[0]), None, None, None, imm_value(fields[1]), fields)
     return "bad", None
+
+
+def _function_issues_dma(module: tvm.IRModule | None, gvar: relax.GlobalVar, seen: set[str]) -> bool:
+    """Whether calling ``gvar`` may run a ``dma_copy``, through the functions it calls too.
+
+    ``seen``: the functions on the path here, whose answer their own bindings give.
+    Without the module (a function scheduled alone), a callee may.
+    """
+    if module is None:
+        return True
+    name = gvar.name_hint
+    if name in seen:
+        return False
+    try:
+        func = module[name]
+    except Exception:  # noqa: BLE001 - TVM's error for a name the module lacks
+        return True
+    if not isinstance(func, relax.Function):
+        return False  # a PrimFunc or an external function
+    seen.add(name)
+    for binding in _ir.all_bindings(func):
+        value = binding.value
+        if not isinstance(value, relax.Call):
+            continue
+        op = value.op
+        if isinstance(op, tvm.ir.Op) and op.name == "relax.call_builtin_with_ctx":
+            callee = _ir.elements(value.args)[0]
+            if isinstance(callee, relax.ExternFunc) and str(callee.global_symbol) == DMA_COPY:
+                return True
+        elif isinstance(op, relax.GlobalVar):
+            if _function_issues_dma(module, op, seen):
+                return True
+        elif type(op) in _VARS or (isinstance(op, tvm.ir.Op) and op.name in _CLOSURE_CALLS):
+            return True  # a closure: what it runs is not known here
+    return False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -653,6 +724,8 @@ def _plan_block(recs: list[_Rec], last_use: dict, leaf, params: set[int]) -> lis
     open_copies = 0
     completion_slots: list[int] = []
     completed_copies: list[int] = []
+    barrier = -1  # the last binding that may issue dma_copy s of its own: nothing starts before
+    last_cast = -1  # the last match_cast, which may define a symbolic var an allocation uses
 
     def alive(expr: object, last: _Unit, index: float) -> bool:
         if type(expr) not in _VARS or _same(expr, last.src) or _same(expr, last.dst):
@@ -702,14 +775,16 @@ def _plan_block(recs: list[_Rec], last_use: dict, leaf, params: set[int]) -> lis
 
     def make_room(copies: int) -> None:
         """Complete the oldest transfers until ``copies`` more fit in the ring."""
-        while open_copies + copies > RING_DESCRIPTORS:
+        while open_copies and open_copies + copies > RING_DESCRIPTORS:
             oldest = min((fifo[0] for fifo in pending.values() if fifo), key=lambda u: u.seq)
             complete([oldest], oldest.index)
 
     def ring_floor(start: int, copies: int) -> int:
         """The earliest slot from ``start`` on after which ``copies`` more fit in the ring."""
         done = completed_copies[-1] if completed_copies else 0
-        room = RING_DESCRIPTORS - open_copies - copies  # >= 0 after make_room
+        room = RING_DESCRIPTORS - open_copies - copies  # >= 0 after make_room, but for
+        if room < 0:  # a transfer of more chunks than the ring has: it starts after every other
+            return max(start, completion_slots[-1]) if completion_slots else start
         if done <= room:
             return start  # even counting every completed transfer as in flight
         i = bisect.bisect_right(completion_slots, start) - 1
@@ -729,6 +804,13 @@ def _plan_block(recs: list[_Rec], last_use: dict, leaf, params: set[int]) -> lis
 
     for event in events:
         if type(event) is _Rec:
+            if event.kind == "issues dma":
+                # Its own dma_copy s share the ring with whatever is in flight here.
+                if open_copies:
+                    complete([fifo[-1] for fifo in pending.values() if fifo], event.index)
+                barrier = len(out)
+            elif type(event.binding) is relax.MatchCast:
+                last_cast = len(out)
             slot = len(out)
             if event.reads:  # (an allocation touches nothing: the common case is quick)
                 busy = conflicts(event.reads, event.writes)
@@ -760,7 +842,7 @@ def _plan_block(recs: list[_Rec], last_use: dict, leaf, params: set[int]) -> lis
             floor[unit.queue] = slot
             continue
         # Start right after the last binding the transfer depends on.
-        start = floor.get(unit.queue, -1)
+        start = max(floor.get(unit.queue, -1), barrier)
         for var in unit.deps:
             slot = defined.get(var.__chandle__(), -1)
             if slot > start:
@@ -768,6 +850,10 @@ def _plan_block(recs: list[_Rec], last_use: dict, leaf, params: set[int]) -> lis
         for slot in written.find(unit.src_fact + unit.dst_fact) + read.find(unit.dst_fact):
             if slot > start:
                 start = slot
+        if last_cast > start and any(
+            len(relax.analysis.free_symbolic_vars(alloc.binding.value)) for alloc in unit.allocs
+        ):
+            start = last_cast
         start = ring_floor(start, len(unit.copies))
         open_copies += len(unit.copies)
         if unit.allocs:
@@ -877,7 +963,7 @@ def _schedule(
         for gvar, func in target.functions_items():
             if isinstance(func, relax.Function):
                 with cyclic_gc_paused():
-                    new_func = _Reader(known).function(func, top=True)
+                    new_func = _Reader(known, target).function(func, top=True)
                 changed = changed or new_func is not func
                 functions[gvar] = new_func
         result_mod = tvm.IRModule(functions, attrs=target.attrs, global_infos=target.global_infos)
@@ -1041,6 +1127,8 @@ def _why(rec: _Rec, src: tuple, dst: tuple, defines: tuple, leaf) -> str | None:
     """
     if rec.var is not None and any(_same(rec.var, d) for d in defines):
         return "defines " + ("src" if _same(rec.var, defines[0]) else "dst")
+    if rec.kind == "issues dma":
+        return "may issue dma_copy s of its own, which share the descriptor ring"
     read_regions, written_regions = rec.reads, rec.writes
     if rec.kind in ("copy", "wait"):
         if rec.dma.src is None:
