@@ -22,7 +22,7 @@ from tvm import relax
 from rewrite_ext.cli import load_module
 from rewrite_ext.hexagon import copy_to_dma
 from rewrite_ext.compat import TensorType
-from _helpers import spelled_as_026
+from _helpers import for_this_tvm, spelled_as_026
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "copy_to_vtcm.py"
@@ -411,18 +411,21 @@ def test_run_takes_ir_lowered_by_tvms_pipeline_in_a_force_pure_function(tmp_path
     assert "# DMA overlap: 1 dma_copy" in done.stdout
 
 
-OVERLAPPING_COPY = copy_module(
+# `b` is `a` again, through a VM builtin the rewrite cannot see into: the copy is between
+# the same bytes, which the engine does not define (copy_to_dma drops such a copy only where
+# the IR shows it: aliases, allocations, views).
+OVERLAPPING_COPY = for_this_tvm(copy_module(
     """
     @R.function(pure=False)
     def main(x: R.Tensor((32, 64), dtype="int32")) -> R.Tensor((32, 64), dtype="int32"):
         storage: R.Object = R.vm.alloc_storage(R.shape([16384]), R.prim_value(0), R.dtype("uint8"), R.str("global"))
         a: R.Tensor((32, 64), dtype="int32") = R.vm.alloc_tensor(storage, R.prim_value(0), R.shape([32, 64]), R.dtype("int32"))
         R.vm.copy_tensor(x, a)
-        b: R.Tensor((32, 64), dtype="int32") = R.vm.alloc_tensor(storage, R.prim_value(4096), R.shape([32, 64]), R.dtype("int32"))
+        b = R.call_pure_packed("vm.builtin.reshape", a, R.shape([32, 64]), ty_args=R.Tensor((32, 64), dtype="int32"))
         R.vm.copy_tensor(a, b)
         return b
     """
-)
+))
 
 
 def test_a_rewrite_that_changes_the_result_exits_1(tmp_path):
