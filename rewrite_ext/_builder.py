@@ -18,6 +18,7 @@ from typing import Any
 from tvm import relax
 
 from . import _ir
+from ._wellformed import full_check
 
 _FRAME_METHODS = (
     "_begin_dataflow_block",
@@ -107,6 +108,27 @@ class RewriterBuilder(relax.BlockBuilder):
         if self.lent:
             self.open_frame()  # normalizing a nested value emits its parts
         return super().normalize(self.use_vars(expr))
+
+    def add_func(self, func: Any, func_name: str) -> Any:  # noqa: D102
+        if self.lent and isinstance(func, relax.Function):
+            # Checked here, where the rewriter that added it can still be named: the whole
+            # result's check would blame the function being rewritten.
+            verdict = full_check(func)
+            if verdict is not None:
+                raise BuilderMisuse(
+                    f"the rewriter added a function as '{func_name}' (builder.add_func) that is "
+                    f"not well formed: {verdict.strip().splitlines()[-1] if verdict.strip() else verdict}"
+                )
+        return super().add_func(func, func_name)
+
+    def update_func(self, gv: Any, updated_func: Any) -> None:  # noqa: D102
+        if self.lent:
+            raise BuilderMisuse(
+                "the rewriter called builder.update_func(), which would replace a function of the "
+                "module being rewritten behind the traversal's back; rewrite that function with a "
+                "rule of its own, or add a new one with builder.add_func"
+            )
+        super().update_func(gv, updated_func)
 
     def emit_normalized(self, binding: relax.Binding) -> None:  # noqa: D102
         # A binding built by hand may re-bind a var defined elsewhere: only the full

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from collections.abc import Iterator
 
 from tvm import ir
@@ -128,30 +130,39 @@ def _is_leaf(pattern: P.DFPattern) -> bool:
     return isinstance(pattern, _LEAVES)
 
 
-def describe(pattern: P.DFPattern) -> str:
+#: Levels of a pattern ``describe`` prints; deeper ones are "...".
+_DESCRIBED_DEPTH = 6
+
+
+def describe(pattern: P.DFPattern, depth: int = 0) -> str:
     """A short, readable rendering of a pattern for error messages.
 
     TVM's own ``repr`` prints every field of every Op; this prints
-    ``relax.add(*, relax.exp(*))``.
+    ``relax.add(*, relax.exp(*))``, down to a few levels.
     """
+    if depth > _DESCRIBED_DEPTH:
+        return "..."
+    deeper = depth + 1
     if isinstance(pattern, P.CallPattern):
-        args = "..." if pattern.args is None else ", ".join(describe(a) for a in pattern.args)
-        return f"{describe(pattern.op)}({args})"
+        args = "..." if pattern.args is None else ", ".join(describe(a, deeper) for a in pattern.args)
+        return f"{describe(pattern.op, deeper)}({args})"
     if isinstance(pattern, P.ExprPattern):
         expr = pattern.expr
         return expr.name if isinstance(expr, ir.Op) else type(expr).__name__
     if isinstance(pattern, P.WildcardPattern):
         return "*"
     if isinstance(pattern, P.OrPattern):
-        return f"({describe(pattern.left)} | {describe(pattern.right)})"
+        return f"({describe(pattern.left, deeper)} | {describe(pattern.right, deeper)})"
     if isinstance(pattern, P.AndPattern):
-        return f"({describe(pattern.left)} & {describe(pattern.right)})"
+        return f"({describe(pattern.left, deeper)} & {describe(pattern.right, deeper)})"
     if isinstance(pattern, _WRAPPERS):
-        return describe(pattern.pattern)
+        return describe(pattern.pattern, depth)
     if isinstance(pattern, P.TuplePattern):
-        return "(" + ", ".join(describe(f) for f in pattern.fields) + ")"
+        return "(" + ", ".join(describe(f, deeper) for f in pattern.fields) + ")"
     if isinstance(pattern, P.GlobalVarPattern):
-        return "@" + str(getattr(pattern, "name_hint", getattr(pattern, "name", "")) or "*")
+        # The name is not a field TVM exposes; its printing shows it: GlobalVarPattern(add).
+        named = re.fullmatch(r"GlobalVarPattern\((.*)\)", str(pattern))
+        return "@" + ((named.group(1) if named else "") or "*")
     return type(pattern).__name__
 
 

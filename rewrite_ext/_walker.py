@@ -479,6 +479,13 @@ class FunctionPass(PyExprMutator):
                 self._fail(binding, rule, str(exc))
             except Exception as exc:  # noqa: BLE001 - any failure of user code is reported
                 self._fail(binding, rule, f"the rewriter raised {type(exc).__name__}: {exc}", exc)
+            if type(new_value) is relax.SeqExpr:
+                self._fail(
+                    binding,
+                    rule,
+                    "the rewriter returned a relax.SeqExpr, which may only be a function's body "
+                    "or an If branch; emit its bindings with builder.emit(...) and return its body",
+                )
             if _ir.is_expr(new_value) and not new_value.same_as(value):
                 if bound:
                     new_value = _ir.replace_bound(new_value, bound)

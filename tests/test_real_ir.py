@@ -780,7 +780,28 @@ def ends_a_scope(orig, m, builder):
     return relax.op.subtract(m[X], m[Y])
 
 
+def returns_a_seq_expr(orig, m):
+    inner = relax.Var("inner", ty(m[X]))
+    return relax.SeqExpr([relax.BindingBlock([relax.VarBinding(inner, relax.op.negative(m[X]))])], inner)
+
+
+def adds_an_ill_formed_function(orig, m, builder):
+    p, stray = relax.Var("p", ty(m[X])), relax.Var("stray", ty(m[X]))
+    body = relax.SeqExpr([relax.BindingBlock([relax.VarBinding(relax.Var("o", ty(m[X])), relax.op.add(p, stray))])], p)
+    helper = builder.add_func(relax.Function([p], body, ty(m[X])), "helper")
+    return relax.Call(helper, [m[X]])
+
+
+def updates_a_function(orig, m, builder):
+    p = relax.Var("p", ty(m[X]))
+    builder.update_func(relax.GlobalVar("main"), relax.Function([p], relax.SeqExpr([], p), ty(m[X])))
+    return relax.op.subtract(m[X], m[Y])
+
+
 MISBEHAVIOURS = {
+    "returns_seq_expr": (returns_a_seq_expr, "returned a relax.SeqExpr"),
+    "add_func_ill_formed": (adds_an_ill_formed_function, "added a function as 'helper'"),
+    "update_func": (updates_a_function, "update_func"),
     "foreign_var": (foreign_var, "stranger"),
     "mutates_matchings": (mutates_matchings, "does not support item assignment"),
     "begin_binding_block": (opens_a_block, "_begin_binding_block"),
