@@ -124,6 +124,8 @@ class _InputMaker:
         if ty.shape is None or not isinstance(ty.shape, relax.ShapeExpr):
             raise InputError(f"{where} is {ty} with unknown shape: --run needs its dims (static or symbolic)")
         shape = [self.value_of(dim, where) for dim in ty.shape.values]
+        if any(dim < 0 for dim in shape):
+            raise InputError(f"{where} is {ty}: its dims come out as {shape}, and a dim must be at least 0")
         dtype = dtype_name(ty)
         try:
             np_dtype = _numpy_dtype(dtype)
@@ -160,6 +162,13 @@ def make_inputs(func: relax.Function, bindings: Mapping[str, int], seed: int = 0
     """
     maker = _InputMaker(bindings, np.random.default_rng(seed))
     values = [maker.make(ty(param), f"main's parameter {var_name(param)!r}") for param in func.params]
+    unknown = sorted(set(bindings) - set(maker.bound))
+    if unknown:
+        names = ", ".join(sorted(maker.bound)) or "none"
+        raise InputError(
+            f"--bind {', '.join(unknown)}: main's parameters have no symbolic var of that name "
+            f"(theirs: {names}; names are case-sensitive)"
+        )
     return Inputs(values, maker.bound)
 
 

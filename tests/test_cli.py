@@ -335,6 +335,19 @@ def test_run_handles_a_tuple_output_a_symbolic_shape_and_equal_nans(tmp_path):
     assert cli("dma", path, "--run", "--bind", "n=2", "--seed", "5").stdout.count("n=2") == 1
 
 
+@pytest.mark.parametrize(
+    "bind, fragments",
+    [
+        ("N=3", ["--bind N", "no symbolic var of that name", "theirs: n"]),
+        ("n=-3", ["main's parameter 'x'", "[-3, 4]", "at least 0"]),
+    ],
+    ids=["unknown-name", "negative-dim"],
+)
+def test_a_bind_main_cannot_use_gets_one_line(tmp_path, bind, fragments):
+    path = module_file(tmp_path, TUPLE_SYMBOLIC_NAN)
+    assert_one_error_line(cli("dma", path, "--run", "--bind", bind), *fragments)
+
+
 def test_run_handles_prim_and_shape_parameters(tmp_path):
     path = module_file(
         tmp_path,
