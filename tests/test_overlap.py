@@ -1545,8 +1545,8 @@ def _copies_around_nested_dma(where: str) -> tvm.IRModule:
                 bb.emit(copy_tensor(x, outs[-1]))
 
         copies(100)
+        inner, void = relax.Var("inner", t), relax.Var("void", TupleType([]))
         if where == "branch":
-            inner, void = relax.Var("inner", t), relax.Var("void", TupleType([]))
             then = relax.SeqExpr(
                 [relax.BindingBlock([
                     relax.VarBinding(inner, relax.op.builtin.alloc_tensor(relax.ShapeExpr([16]), "float32", 0)),
@@ -1555,6 +1555,14 @@ def _copies_around_nested_dma(where: str) -> tvm.IRModule:
                 inner,
             )
             nested = bb.emit(relax.If(cond, then, relax.SeqExpr([], z)))
+        elif where == "branch calling the callee":
+            then = relax.SeqExpr([relax.BindingBlock([relax.VarBinding(inner, relax.Call(helper, [z]))])], inner)
+            nested = bb.emit(relax.If(cond, then, relax.SeqExpr([], z)))
+        elif where == "closure calling the callee":
+            pp = relax.Var("pp", t)
+            body = relax.SeqExpr([relax.BindingBlock([relax.VarBinding(inner, relax.Call(helper, [pp]))])], inner)
+            closure = bb.emit(relax.Function([pp], body, t, is_pure=False))
+            nested = bb.emit(relax.Call(closure, [z]))
         else:
             nested = bb.emit(relax.Call(helper, [z]))
         copies(100)
@@ -1562,13 +1570,15 @@ def _copies_around_nested_dma(where: str) -> tvm.IRModule:
     return relax.transform.Normalize()(bb.get())
 
 
-@pytest.mark.parametrize("where", ["branch", "callee"])
+@pytest.mark.parametrize("where", ["branch", "callee", "branch calling the callee", "closure calling the callee"])
 def test_dma_issued_in_a_branch_or_a_callee_shares_the_ring_with_what_is_in_flight(where):
     # The 100 transfers before it would stay in flight to the end of the block, and the 100
     # after it could start before it: either way its own copy would be the 101st in flight.
     original = _copies_around_nested_dma(where)
     mod = copy_to_dma(original, overlap=True, num_queues=2)
     relax.analysis.well_formed(mod)
+    if "closure" in where:  # (relax.build needs local functions lifted)
+        original, mod = relax.transform.LambdaLift()(original), relax.transform.LambdaLift()(mod)
     x, y = (np.arange(16, dtype="float32") + k for k in (0, 10))
     inputs = [x, y, np.array(True)]
     got, engine = _run(mod, inputs, dma=True)

@@ -381,7 +381,8 @@ def copy_to_dma(
       one static offset of one storage.  It changes nothing, and the engine's
       result for overlapping buffers is undefined.  A src and dst that share
       only some bytes (two offsets of one storage closer than the copy's size)
-      stay ``R.vm.copy_tensor``.
+      stay ``R.vm.copy_tensor``.  Aliases through ``R.match_cast``, tuples
+      or packed calls are not seen.
     - A copy whose byte size is not static is left as ``R.vm.copy_tensor``,
       a synchronous copy that is right for every size.
 

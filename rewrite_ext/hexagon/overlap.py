@@ -264,7 +264,9 @@ class _Reader:
         self.facts: dict = {}
         self.known = known
         self.module = module
-        self.copies_read = 0  # dma_copy s read so far: whether a scope issues some of its own
+        # dma_copy s, and bindings that may issue some of their own, read so far: whether a
+        # nested scope issues any.
+        self.copies_read = 0
         self.closures: dict[int, bool] = {}  # local function var -> whether it issues dma_copy s
         self.callees: dict[str, bool] = {}  # the same of the module's functions, by name
         self.storages: set[int] = set()
@@ -382,6 +384,7 @@ class _Reader:
         captured = self.union(uses)
         copies_before = self.copies_read
         kind = "compute"
+        # (A nested call that may issue DMA counts as one copy read: see `call`.)
         if isinstance(value, relax.Function):
             new = self.function(value, top=False)
             fact = touched = captured  # a closure holds what it captures; defining it is a use
@@ -450,7 +453,10 @@ class _Reader:
         self.facts[_h(var)] = tuple(set(touched) | set(outside))
         if isinstance(call.op, relax.Var):
             uses = list(uses) + [call.op]
-        kind = "issues dma" if self._may_issue_dma(call) else "compute"
+        kind = "compute"
+        if self._may_issue_dma(call):
+            kind = "issues dma"
+            self.copies_read += 1  # so that a scope holding this call issues DMA too
         return _Rec(binding, kind, var, uses, touched, touched)
 
     def _may_issue_dma(self, call: relax.Call) -> bool:
