@@ -101,7 +101,10 @@ class _InputMaker:
         if isinstance(ty, ShapeType):
             if ty.values is None:
                 raise InputError(f"{where} is {ty} with unknown dims: --run cannot make a shape for it")
-            return tvm_ffi.Shape([self.value_of(v, where) for v in ty.values])
+            dims = [self.value_of(v, where) for v in ty.values]
+            if any(dim < 0 for dim in dims):
+                raise InputError(f"{where} is {ty}: its dims come out as {dims}, and a dim must be at least 0")
+            return tvm_ffi.Shape(dims)
         if isinstance(ty, PrimType):
             return self.prim(dtype_name(ty), where)
         if isinstance(ty, TupleType):

@@ -175,9 +175,13 @@ def alternatives(
     rewriter look up ``matchings[a | b]``; the enclosing Or nodes are kept
     so that lookup keeps working.
     """
-    if isinstance(pattern, P.OrPattern):
-        inner = (*enclosing, pattern)
-        yield from alternatives(pattern.left, inner)
-        yield from alternatives(pattern.right, inner)
-    else:
-        yield pattern, enclosing
+    # A stack, not recursion: an Or of many alternatives nests as deep as it has them.
+    stack = [(pattern, enclosing)]
+    while stack:
+        pattern, enclosing = stack.pop()
+        if isinstance(pattern, P.OrPattern):
+            inner = (*enclosing, pattern)
+            stack.append((pattern.right, inner))
+            stack.append((pattern.left, inner))
+        else:
+            yield pattern, enclosing

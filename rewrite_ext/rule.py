@@ -105,13 +105,13 @@ class Rule:
         self.rewriter = rewriter
         self.name: str = name or getattr(rewriter, "__name__", None) or type(rewriter).__name__
         self.takes_builder = _takes_builder(rewriter)
-        self.root_ops = _patterns.root_ops(pattern)
-        """The ops a matched value can call, or None when any value may match."""
         try:
+            self.root_ops = _patterns.root_ops(pattern)
+            """The ops a matched value can call, or None when any value may match."""
             self.lookup_depth = _patterns.lookup_depth(pattern) if _patterns.needs_bindings(pattern) else 0
             """How many levels of bindings the pattern sees through (0: none; None: any)."""
         except RecursionError:  # nested deeper than Python recurses (TVM's matcher does not mind)
-            self.lookup_depth = None
+            self.root_ops, self.lookup_depth = None, None
         self.alternatives = tuple(_patterns.alternatives(pattern))
         """Each alternative of a top-level OrPattern, with the Or nodes enclosing it."""
         self.description = f"{_patterns.describe(pattern)} (rule '{self.name}')"

@@ -348,6 +348,22 @@ def test_a_bind_main_cannot_use_gets_one_line(tmp_path, bind, fragments):
     assert_one_error_line(cli("dma", path, "--run", "--bind", bind), *fragments)
 
 
+def test_a_negative_dim_of_a_shape_parameter_gets_one_line(tmp_path):
+    path = module_file(
+        tmp_path,
+        copy_module(
+            """
+            @R.function(pure=False)
+            def main(x: R.Tensor((4,), dtype="int32"), s: R.Shape(["k"])) -> R.Tensor((4,), dtype="int32"):
+                out: R.Tensor((4,), dtype="int32") = R.builtin.alloc_tensor(R.shape([4]), R.dtype("int32"), R.prim_value(0))
+                R.vm.copy_tensor(x, out)
+                return out
+            """
+        ),
+    )
+    assert_one_error_line(cli("dma", path, "--run", "--bind", "k=-3"), "main's parameter 's'", "[-3]", "at least 0")
+
+
 def test_run_handles_prim_and_shape_parameters(tmp_path):
     path = module_file(
         tmp_path,

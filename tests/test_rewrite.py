@@ -548,6 +548,19 @@ def test_a_pattern_nested_deeper_than_python_recurses_works_as_under_tvm():
     assert "R.sqrt(x)" in got.script() and "R.exp" not in got.script()
 
 
+def test_a_pattern_of_more_alternatives_than_python_recurses_works_as_under_tvm():
+    pattern = is_op("relax.exp")(wildcard())
+    for _ in range(1500):  # a left-nested Or, 1500 deep
+        pattern = pattern | is_op("relax.add")(wildcard(), wildcard())
+
+    def exp_to_sqrt(orig, m):
+        return relax.op.sqrt(orig.args[0]) if orig.op.name == "relax.exp" else orig
+
+    got = rewrite_call(pattern, exp_to_sqrt, add_exp)
+    relax.analysis.well_formed(got)
+    assert "R.sqrt(a)" in got.script() and "R.add(x, x)" in got.script()
+
+
 def test_compatible_type_keeps_the_binding_var():
     out = rewrite_call(ADD, to_multiply, add_chain)
     for old, new in zip(add_chain.body.blocks[0].bindings, out.body.blocks[0].bindings):
