@@ -1599,6 +1599,36 @@ def test_dma_issued_in_a_branch_or_a_callee_shares_the_ring_with_what_is_in_flig
     assert any("may issue dma_copy s of its own" in r.stopped_by for r in report)
 
 
+@I.ir_module
+class _CopyAcrossKernel:
+    @T.prim_func(private=True)
+    def double(a: T.Buffer((16,), "float32"), b: T.Buffer((16,), "float32")):
+        for i in range(16):
+            b[i] = a[i] * T.float32(2)
+
+    @R.function(pure=False)
+    def main(x: R.Tensor((16,), "float32"), y: R.Tensor((16,), "float32")):
+        cls = _CopyAcrossKernel
+        t = R.add(x, x)  # memory of its own: the kernel (which may write y and b) leaves it be
+        a = R.builtin.alloc_tensor(R.shape([16]), R.dtype("float32"), R.prim_value(0))
+        R.vm.copy_tensor(t, a)
+        b = R.builtin.alloc_tensor(R.shape([16]), R.dtype("float32"), R.prim_value(0))
+        cls.double(y, b)
+        c = R.add(a, b)
+        return c
+
+
+def test_a_kernel_call_overlaps_a_transfer_in_a_module_and_not_in_a_function_alone():
+    # Alone, the callee of a GlobalVar may be a Relax function issuing DMA of its own.
+    in_module = copy_to_dma(_CopyAcrossKernel, overlap=True)
+    alone = copy_to_dma(_CopyAcrossKernel["main"], overlap=True)
+    for target, overlapped in ((in_module, 1), (alone, 0)):
+        relax.analysis.well_formed(target)
+        (transfer,) = overlap_report(target)
+        assert transfer.kernels == overlapped, transfer
+        assert ("may issue dma_copy" in transfer.stopped_by) == (not overlapped), transfer
+
+
 def test_a_transfer_of_more_chunks_than_the_ring_has_runs_alone():
     # 102 chunks of 2**24 - 64 bytes: more descriptors than the ring holds.  On its own queue
     # the engine only stalls; nothing of another queue may be in flight beside it.

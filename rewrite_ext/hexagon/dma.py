@@ -344,7 +344,9 @@ def copy_to_dma(
         wait lands just before the first binding that conflicts with its
         transfer, with the exact ``inflight_dma``, and waits a later wait of
         their queue covers merge into it where no buffer dies early (see
-        :func:`rewrite_ext.hexagon.overlap.sink_dma_waits`).
+        :func:`rewrite_ext.hexagon.overlap.sink_dma_waits`).  Rewrite the
+        IRModule rather than one of its functions when it calls kernels:
+        alone, each call of a GlobalVar waits for the transfers in flight.
     num_queues : int
         Spread the transfers round-robin over queue ids ``queue_id`` to
         ``queue_id + num_queues - 1`` (all of them user queues) so

@@ -1012,6 +1012,11 @@ def sink_dma_waits(target: relax.Function | tvm.IRModule) -> relax.Function | tv
     and a wait that a later wait of its queue covers is dropped where its
     buffers stay alive anyway.  One forward pass: linear in the bindings.
 
+    Pass the IRModule rather than one of its functions when the function calls
+    kernels: alone, a GlobalVar's callee may be a Relax function issuing DMA
+    of its own (which shares the descriptor ring), so each such call waits
+    for every transfer in flight.
+
     Examples
     --------
     .. code-block:: python
@@ -1226,8 +1231,8 @@ def _block_report(function: str, recs: list[_Rec], leaf) -> list[TransferOverlap
 class _Recorder(_Reader):
     """A reader that keeps the records of every block instead of planning it."""
 
-    def __init__(self) -> None:
-        super().__init__({})
+    def __init__(self, module: tvm.IRModule | None) -> None:
+        super().__init__({}, module)
         self.blocks: list[list[_Rec]] = []
 
     def seq(self, seq: relax.Expr, outside: tuple) -> tuple[relax.Expr, tuple, tuple]:
@@ -1254,6 +1259,7 @@ def overlap_report(target: relax.Function | tvm.IRModule) -> list[TransferOverla
         transfers in flight than were issued after it (FIFO), as the engine
         does.
     """
+    module = target if isinstance(target, tvm.IRModule) else None
     if isinstance(target, relax.Function):
         functions = [(_ir.function_name(target), target)]
     elif isinstance(target, tvm.IRModule):
@@ -1265,7 +1271,7 @@ def overlap_report(target: relax.Function | tvm.IRModule) -> list[TransferOverla
         raise TypeError(f"target must be a relax.Function or an IRModule, got {type(target).__name__}")
     report: list[TransferOverlap] = []
     for name, func in functions:
-        recorder = _Recorder()
+        recorder = _Recorder(module)
         recorder.function(func, top=True)
         for recs in recorder.blocks:
             report.extend(_block_report(name, recs, recorder.leaf))
