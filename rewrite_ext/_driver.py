@@ -131,7 +131,10 @@ def _rewrite_function(
                 f"rewrite_ext: in function '{name}', pattern {rules.description}: did not converge "
                 f"after max_iterations={max_iterations} passes; bindings still matching: "
                 f"{shown}{f' and {more} more' if more else ''}. {fix} (TVM's matcher also matches "
-                "R.add and R.multiply with their operands swapped), or raise max_iterations"
+                "R.add and R.multiply with their operands swapped), or raise max_iterations. A "
+                "rewriter that rebuilds the very computation it matched from new calls should "
+                "return orig instead, or run with cleanup=True (TVM's rule: a pass whose cleaned "
+                "result equals its input changed nothing)"
             )
         if cleanup:
             cleaned = _cleanup.cleanup(result.func)

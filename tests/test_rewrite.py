@@ -561,6 +561,31 @@ def test_a_pattern_of_more_alternatives_than_python_recurses_works_as_under_tvm(
     assert "R.sqrt(a)" in got.script() and "R.add(x, x)" in got.script()
 
 
+@R.function
+def dense(x: R.Tensor((4, 16), "float32"), w: R.Tensor((32, 16), "float32"), b: R.Tensor((32,), "float32")):
+    with R.dataflow():
+        p = R.permute_dims(w)
+        m = R.matmul(x, p)
+        a = R.add(m, b)
+        R.output(a)
+    return a
+
+
+def test_a_rewriter_rebuilding_what_it_matched_converges_with_cleanup_and_is_told_so_without():
+    transpose = is_op("relax.permute_dims")(wildcard())
+    mm = is_op("relax.matmul")(wildcard(), transpose)
+    bias = wildcard()
+    pattern = is_op("relax.add")(mm, bias)
+
+    def rebuild(orig, m):  # TVM style: new calls from the matched sub-calls' args and attrs
+        again = relax.op.permute_dims(m[transpose].args[0], m[transpose].attrs.axes)
+        return relax.op.add(relax.op.matmul(m[mm].args[0], again), m[bias])
+
+    tvm.ir.assert_structural_equal(rewrite_call(pattern, rebuild, dense, cleanup=True), dense)
+    with pytest.raises(RewriteError, match="did not converge.*return orig instead, or run with cleanup=True"):
+        rewrite_call(pattern, rebuild, dense)
+
+
 def test_compatible_type_keeps_the_binding_var():
     out = rewrite_call(ADD, to_multiply, add_chain)
     for old, new in zip(add_chain.body.blocks[0].bindings, out.body.blocks[0].bindings):
