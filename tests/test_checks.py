@@ -426,3 +426,29 @@ def test_the_strategies_docstring_examples_run():
         runner.run(test)
     result = runner.summarize(verbose=False)
     assert result.failed == 0 and result.attempted >= 10
+
+
+@tvm.register_global_func("test.checks_trace", override=True)
+def _checks_trace(name):
+    return None
+
+
+def test_check_rewrite_counts_a_binding_kept_after_emitting_as_a_rewrite():
+    # The guide's instrumentation: emit a void trace call, return orig to keep the kernel call.
+    @R.function
+    def main(x: R.Tensor((4,), "float32")) -> R.Tensor((4,), "float32"):
+        R.func_attr({"relax.force_pure": True})
+        y = R.exp(x)
+        return y
+
+    from rewrite_ext.compat import VOID_TY_ARGS, StringImm
+
+    mod = relax.transform.LegalizeOps()(tvm.IRModule({"main": main}))
+
+    def trace(orig, m, builder):
+        builder.emit(relax.Call(relax.ExternFunc("test.checks_trace"), [StringImm("k")], **VOID_TY_ARGS))
+        return orig
+
+    report = check_rewrite(is_op("relax.call_tir")(varg_default_wildcard=True), trace, mod)
+    assert report.rewrites == 1 and report.ran
+    assert "test.checks_trace" in report.output.script()

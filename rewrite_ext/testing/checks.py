@@ -70,7 +70,9 @@ class _Counting:
         if _takes_builder(self.rewriter):
 
             def three(orig, matchings, builder):
-                return self._count(orig, self.rewriter(orig, matchings, builder))
+                result = self.rewriter(orig, matchings, builder)
+                # orig returned after emitting keeps the binding with the emitted ones before it.
+                return self._count(orig, result, emitted=getattr(builder, "opened", False))
 
             wrapper = three
         else:
@@ -83,9 +85,11 @@ class _Counting:
         wrapper.__name__ = getattr(self.rewriter, "__name__", type(self.rewriter).__name__)
         return wrapper
 
-    def _count(self, orig: relax.Expr, result: Any) -> Any:
+    def _count(self, orig: relax.Expr, result: Any, emitted: bool = False) -> Any:
         self.calls += 1
-        if result is not None and not (isinstance(result, tvm.runtime.Object) and result.same_as(orig)):
+        if result is not None and (
+            emitted or not (isinstance(result, tvm.runtime.Object) and result.same_as(orig))
+        ):
             self.rewrites += 1
         return result
 
