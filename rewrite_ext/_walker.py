@@ -231,7 +231,9 @@ class FunctionPass(PyExprMutator):
                 builder.end_scope()
             if not self.result.changes:
                 return func
-            output = self.visit_expr(body.body) if self.remapped else body.body
+            # (Always: an If whose branch was rewritten may have been re-bound to a new var by
+            # TVM's mutator, in a block this pass left to it.)
+            output = self.visit_expr(body.body)
             seq = relax.SeqExpr(blocks, output)
             returned = ret_ty(func)
             if output.same_as(body.body):

@@ -586,6 +586,28 @@ def test_a_rewriter_rebuilding_what_it_matched_converges_with_cleanup_and_is_tol
         rewrite_call(pattern, rebuild, dense)
 
 
+def test_an_if_var_annotated_looser_than_its_branches_stays_defined_after_a_rewrite_inside():
+    # TVM's mutator re-binds the If to a var of the branches' tighter type; the returned tuple
+    # must follow it (relax_modules generates such annotations; the parser would tighten them).
+    t4, loose = TensorType([4], "float32"), TensorType(dtype="float32", ndim=1)
+    x, cond, v, y = relax.Var("x", t4), relax.Var("cond", TensorType([], "bool")), relax.Var("v", t4), relax.Var("y", loose)
+    else_ = relax.SeqExpr([relax.BindingBlock([relax.VarBinding(v, relax.op.exp(x))])], v)
+    body = relax.SeqExpr(
+        [relax.BindingBlock([relax.VarBinding(y, relax.If(cond, relax.SeqExpr([], x), else_))])], relax.Tuple([y, x])
+    )
+    func = relax.Function([x, cond], relax.BlockBuilder().normalize(body), TupleType([loose, t4]))
+    relax.analysis.well_formed(func)
+
+    def trace(orig, m, builder):
+        builder.emit(relax.op.negative(m[X]))
+        return orig
+
+    out = rewrite_call(is_op("relax.exp")(X), trace, func)
+    relax.analysis.well_formed(out)
+    assert "R.negative(x)" in out.script()
+    assert_same_results(func.with_attr("global_symbol", "main"), out.with_attr("global_symbol", "main"))
+
+
 def test_compatible_type_keeps_the_binding_var():
     out = rewrite_call(ADD, to_multiply, add_chain)
     for old, new in zip(add_chain.body.blocks[0].bindings, out.body.blocks[0].bindings):
