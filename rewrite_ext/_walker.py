@@ -593,8 +593,9 @@ class FunctionPass(PyExprMutator):
         else:
             where = "a pure function"
             fix = (
-                "mark the function impure with @R.function(pure=False), or rewrite it after TVM's "
-                "lowering, which marks it relax.force_pure"
+                "mark the function impure with @R.function(pure=False), run "
+                "relax.transform.RemovePurityChecking() on the module first, or rewrite it after "
+                "TVM's lowering, which marks it relax.force_pure"
             )
         self._fail(binding, rule, f"the rewriter {what} the impure call `{expr}` into {where}; {fix}")
 
