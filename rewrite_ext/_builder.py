@@ -117,7 +117,7 @@ class RewriterBuilder(relax.BlockBuilder):
             if verdict is not None:
                 raise BuilderMisuse(
                     f"the rewriter added a function as '{func_name}' (builder.add_func) that is "
-                    f"not well formed: {verdict.strip().splitlines()[-1] if verdict.strip() else verdict}"
+                    f"not well formed: {verdict}"
                 )
         return super().add_func(func, func_name)
 

@@ -95,16 +95,20 @@ class _InputMaker:
             return None
         return operation(a, b)
 
+    def dims(self, values: Any, ty: Any, where: str) -> list[int]:
+        """The concrete dims of a tensor's or shape's ``values``, each at least 0."""
+        dims = [self.value_of(v, where) for v in values]
+        if any(dim < 0 for dim in dims):
+            raise InputError(f"{where} is {ty}: its dims come out as {dims}, and a dim must be at least 0")
+        return dims
+
     def make(self, ty: Any, where: str) -> Any:
         if isinstance(ty, TensorType):
             return self.tensor(ty, where)
         if isinstance(ty, ShapeType):
             if ty.values is None:
                 raise InputError(f"{where} is {ty} with unknown dims: --run cannot make a shape for it")
-            dims = [self.value_of(v, where) for v in ty.values]
-            if any(dim < 0 for dim in dims):
-                raise InputError(f"{where} is {ty}: its dims come out as {dims}, and a dim must be at least 0")
-            return tvm_ffi.Shape(dims)
+            return tvm_ffi.Shape(self.dims(ty.values, ty, where))
         if isinstance(ty, PrimType):
             return self.prim(dtype_name(ty), where)
         if isinstance(ty, TupleType):
@@ -126,9 +130,7 @@ class _InputMaker:
     def tensor(self, ty: TensorType, where: str) -> tvm.runtime.Tensor:
         if ty.shape is None or not isinstance(ty.shape, relax.ShapeExpr):
             raise InputError(f"{where} is {ty} with unknown shape: --run needs its dims (static or symbolic)")
-        shape = [self.value_of(dim, where) for dim in ty.shape.values]
-        if any(dim < 0 for dim in shape):
-            raise InputError(f"{where} is {ty}: its dims come out as {shape}, and a dim must be at least 0")
+        shape = self.dims(ty.shape.values, ty, where)
         dtype = dtype_name(ty)
         try:
             np_dtype = _numpy_dtype(dtype)

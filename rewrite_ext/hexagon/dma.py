@@ -113,7 +113,7 @@ def _chunk_views(
 
 
 _ALLOC_TENSOR = frozenset({"relax.vm.alloc_tensor", "relax.memory.alloc_tensor"})
-_VARS = (relax.Var, relax.DataflowVar)
+_VARS = frozenset({relax.Var, relax.DataflowVar})
 
 
 def _bound(builder: relax.BlockBuilder, expr: relax.Expr) -> tuple[relax.Expr, relax.Expr | None]:
@@ -126,6 +126,14 @@ def _bound(builder: relax.BlockBuilder, expr: relax.Expr) -> tuple[relax.Expr, r
             return expr, value
         expr = value
     return expr, None
+
+
+def _view_offset(args: list) -> int | None:
+    """The byte offset of ``R.memory.view(tensor, shape, dtype, offset)``, its args read; 0
+    when not given, None when not static."""
+    if len(args) > 3 and not (isinstance(args[3], relax.Tuple) and len(args[3].fields) == 0):
+        return imm_value(args[3])
+    return 0
 
 
 def _op_name(value: relax.Expr | None) -> str | None:
@@ -145,9 +153,7 @@ def _where(builder: relax.BlockBuilder, tensor: relax.Expr, value: relax.Expr | 
     if name == "relax.memory.view":
         args = _ir.elements(value.args)
         base, at = _where(builder, *_bound(builder, args[0]))
-        offset = 0
-        if len(args) > 3 and not (isinstance(args[3], relax.Tuple) and len(args[3].fields) == 0):
-            offset = imm_value(args[3])
+        offset = _view_offset(args)
         return base, None if at is None or offset is None else at + offset
     return tensor, 0
 

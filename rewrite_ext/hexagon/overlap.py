@@ -83,7 +83,7 @@ from tvm import relax
 from .. import _ir
 from .._gc import cyclic_gc_paused
 from .cpu_dma import MAX_DMA_DESCRIPTORS as RING_DESCRIPTORS
-from .dma import _DMA, DMA_COPY, DMA_WAIT, _extern, _imm
+from .dma import _DMA, _VARS, DMA_COPY, DMA_WAIT, _extern, _imm, _view_offset
 from ..compat import Constant, PrimType, ShapeType, TensorType, TupleType, imm, imm_value, ret_ty, set_type, ty, ty_args
 
 __all__ = ["TransferOverlap", "format_overlap_report", "overlap_report", "sink_dma_waits"]
@@ -154,7 +154,6 @@ def _kind(op: object) -> str:
     return kind
 
 
-_VARS = frozenset({relax.Var, relax.DataflowVar})
 _CLOSURE_CALLS = frozenset({"relax.invoke_closure", "relax.invoke_pure_closure"})
 _NESTED = frozenset({relax.Tuple, relax.TupleGetItem, relax.Call, relax.If, relax.SeqExpr, relax.Function})
 _VOID = TupleType([])
@@ -483,10 +482,7 @@ class _Reader:
         )
 
     def _viewed(self, base: tuple, call: relax.Call) -> tuple:
-        args = _ir.elements(call.args)
-        offset = 0
-        if len(args) > 3 and not (isinstance(args[3], relax.Tuple) and len(args[3].fields) == 0):
-            offset = imm_value(args[3])
+        offset = _view_offset(_ir.elements(call.args))
         nbytes = _ir.static_nbytes(ty(call))
         return tuple(
             (root, start + offset, start + offset + nbytes)
@@ -573,8 +569,8 @@ def _function_issues_dma(module: tvm.IRModule | None, gvar: relax.GlobalVar, see
             continue
         op = value.op
         if isinstance(op, tvm.ir.Op) and op.name == "relax.call_builtin_with_ctx":
-            callee = _ir.elements(value.args)[0]
-            if isinstance(callee, relax.ExternFunc) and str(callee.global_symbol) == DMA_COPY:
+            dma = _read_dma(_ir.elements(value.args))
+            if dma is not None and dma[0] == "copy":
                 return True
         elif isinstance(op, relax.GlobalVar):
             if _function_issues_dma(module, op, seen):
