@@ -100,6 +100,8 @@ normalize = holding_the_gil("relax.BlockBuilderNormalize")
 begin_dataflow_block = holding_the_gil("relax.BlockBuilderBeginDataflowBlock")
 begin_binding_block = holding_the_gil("relax.BlockBuilderBeginBindingBlock")
 end_block = holding_the_gil("relax.BlockBuilderEndBlock")
+make_binding = holding_the_gil("relax.VarBinding")
+"""``relax.VarBinding(var, value, span)`` without its Python ``__init__`` (0.3 of its 0.9 us)."""
 
 _CHUNK = 512
 

@@ -357,9 +357,10 @@ class FunctionPass(PyExprMutator):
         rules: list[tuple[int, Rule]],
         block: _Block,
     ) -> bool:
-        key = hash(value)
+        kept = self.kept
+        key = hash(value) if kept else 0
         for index, rule in rules:
-            if self.kept and (index, key) in self.kept:
+            if kept and (index, key) in kept:
                 continue
             reachable = None
             if block.lookup and rule.lookup_depth != 0:
@@ -402,7 +403,7 @@ class FunctionPass(PyExprMutator):
         emitted, landed, new_value, reason = self._call_rewriter(
             rule, binding, value, matchings, bound, block
         )
-        keep = reason is None and (new_value.same_as(value) or _equal_rebuild(new_value, value))
+        keep = reason is None and (new_value is value or _equal_rebuild(new_value, value))
         if keep and not emitted:
             reason = "no change"
         if reason is not None:
@@ -488,7 +489,11 @@ class FunctionPass(PyExprMutator):
                     "the rewriter returned a relax.SeqExpr, which may only be a function's body "
                     "or an If branch; emit its bindings with builder.emit(...) and return its body",
                 )
-            if _ir.is_expr(new_value) and not new_value.same_as(value):
+            if not _ir.is_expr(new_value):
+                pass
+            elif new_value.same_as(value):
+                new_value = value  # the very object: the caller tells "kept" by identity
+            else:
                 if bound:
                     new_value = _ir.replace_bound(new_value, bound)
                 if self.remapped:
@@ -642,7 +647,7 @@ class FunctionPass(PyExprMutator):
                     # A new type may name a symbolic var no binding defines: TVM's check decides.
                     self.check.defer(f"the var '{_ir.var_name(var)}' was re-typed with symbolic shapes")
                 var = new_var
-            new_binding = relax.VarBinding(var, new_value)
+            new_binding = _ir.make_binding(var, new_value, None)
         _ir.emit_normalized(self.builder_, new_binding)
         return var
 
@@ -689,7 +694,7 @@ def _equal_rebuild(new_value: relax.Expr, value: relax.Expr) -> bool:
     """Whether ``new_value`` is a structurally equal copy of ``value`` (TVM's "no change")."""
     if type(new_value) is not type(value):
         return False
-    if type(value) is relax.Call and not new_value.op.same_as(value.op):
+    if type(value) is relax.Call and hash(new_value.op) != hash(value.op):
         return False  # the common case, told apart without a structural comparison
     return bool(tvm_ffi.structural_equal(new_value, value))
 

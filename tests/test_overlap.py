@@ -1685,6 +1685,31 @@ def test_an_allocation_moving_with_its_transfer_stays_after_the_match_cast_defin
     np.testing.assert_array_equal(got[0], x)
 
 
+@I.ir_module
+class _ShapeVarThenAlloc:
+    @R.function(pure=False)
+    def main(x: R.Tensor((16,), "float32")):
+        s = R.vm.alloc_storage(R.shape([64]), R.prim_value(0), R.dtype("uint8"))
+        z = R.add(x, x)
+        sh = R.shape_of(z)
+        a = R.vm.alloc_tensor(s, R.prim_value(0), sh, R.dtype("float32"))
+        R.vm.copy_tensor(x, a)
+        w = R.add(a, z)
+        return w
+
+
+def test_an_allocation_moving_with_its_transfer_stays_after_the_binding_of_its_shape_var():
+    # (Found by an adversarial trial: the allocation went up to just after its storage, above
+    # `sh`, and the output failed well_formed and relax.build.)
+    out = copy_to_dma(_ShapeVarThenAlloc, overlap=True)
+    relax.analysis.well_formed(out)
+    names = _bindings_in_order(out["main"])
+    assert names.index("sh") < names.index("a")
+    x = np.arange(16, dtype="float32")
+    got, _ = _run(out, [x], dma=True)
+    np.testing.assert_array_equal(got[0], x + x + x)
+
+
 def test_sunk_output_runs_like_numpy_and_the_unsunk_rewrite_with_two_in_flight():
     original = two_copies_original()
     x, y = _inputs(original["main"], seed=1)

@@ -361,6 +361,34 @@ def test_an_argument_the_kernel_writes_through_an_alias_or_a_pointer_is_not_stag
     np.testing.assert_array_equal(_run(mod, [x, out]), got)
 
 
+@I.ir_module
+class ReadAndWrittenAtOnce:
+    @T.prim_func(private=True, s_tir=True)
+    def shift_add(a: T.Buffer((16,), "float32"), b: T.Buffer((16,), "float32")):
+        for i in range(15):
+            with T.sblock("c"):
+                vi = T.axis.spatial(15, i)
+                T.reads(a[vi])
+                T.writes(b[vi + 1])
+                b[vi + 1] = a[vi] + T.float32(1)
+
+    @R.function
+    def main(x: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
+        R.func_attr({"relax.force_pure": True})
+        cls = ReadAndWrittenAtOnce
+        cls.shift_add(x, x)
+        return x
+
+
+def test_a_tensor_passed_as_an_input_and_as_an_output_of_one_call_is_not_staged():
+    # (Found by an adversarial trial: the input position was staged, so the kernel read the
+    # VTCM copy, never the values it had just written: [0 1 1 1 ...] for [0 1 2 3 ...].)
+    assert plan_vtcm(ReadAndWrittenAtOnce).tensors == ()
+    with cpu_vtcm():
+        got = _run(stage_in_vtcm(ReadAndWrittenAtOnce), [np.zeros(16, "float32")])
+    np.testing.assert_array_equal(got, np.arange(16, dtype="float32"))
+
+
 @pytest.mark.parametrize("prefetch", [False, True], ids=["shared", "prefetch"])
 @pytest.mark.parametrize("overlap", [False, True], ids=["plain", "overlap"])
 @pytest.mark.parametrize("capacity", ["qcom/hexagon-v68", 36000], ids=["v68", "36000"])

@@ -413,11 +413,13 @@ class _Reader:
         kind = _kind(call.op)
         if kind == "tensor" and self.known:
             size = self.known.get(var.__chandle__())
-            if type(size) is int:  # a copy's dst, its size known to copy_to_dma: read 2 args, not 5
+            if type(size) is int:  # a copy's dst, its size known to copy_to_dma: read 3 args, not 5
                 args = call.args
-                storage, offset = _arg(args, 0), _arg(args, 1)
+                storage, offset, shape = _arg(args, 0), _arg(args, 1), _arg(args, 2)
                 self.facts[_h(var)] = self._placed(self.leaf(storage), imm_value(offset), size)
-                return _Rec(binding, "alloc", var, _arg_vars([storage]))
+                # (The shape may be a var, bound by a shape_of or a match_cast: moving the
+                # allocation must not take it above that binding.)
+                return _Rec(binding, "alloc", var, _arg_vars([storage, offset, shape]))
         args = _ir.elements(call.args)
         if kind == "builtin":
             dma = _read_dma(args)

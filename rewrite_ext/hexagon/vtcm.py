@@ -338,11 +338,15 @@ def _plan_function(
             if kernel is None:
                 continue
             chosen: dict[relax.Expr, list[int]] = {}
+            written = kernel[1] or ()
+            outputs = {value.args[index] for index in written if index < len(value.args)}
             for index, arg in enumerate(value.args):
                 if arg in in_vtcm or static_nbytes(ty(arg)) in (None, 0):
                     continue
-                if kernel[1] is not None and index in kernel[1]:
-                    continue  # an output: copying it in would lose what the kernel writes
+                if arg in outputs:
+                    # An output, here or at another position of the same call: copying it in
+                    # would lose what the kernel writes (or what it reads after writing it).
+                    continue
                 if select(value, index):
                     chosen.setdefault(arg, []).append(index)
             if chosen:
