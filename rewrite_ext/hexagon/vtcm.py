@@ -523,8 +523,9 @@ def stage_in_vtcm(
     if unlowered is not None:
         warnings.warn(
             f"stage_in_vtcm: nothing staged: the module still holds {unlowered}, so it is not "
-            "lowered yet; stage after TVM's LegalizeOps, CallTIRRewrite and StaticPlanBlockMemory "
-            "(see LOWER_TO_VM_IR in examples/mlp_vtcm.py and docs/hexagon-dma.md)",
+            "lowered yet; stage after TVM's LegalizeOps, RewriteDataflowReshape, ToNonDataflow, "
+            "RemovePurityChecking, CallTIRRewrite, StaticPlanBlockMemory and LowerAllocTensor, in "
+            "that order (LOWER_TO_VM_IR in examples/mlp_vtcm.py; docs/hexagon-dma.md)",
             UserWarning,
             stacklevel=2,
         )
