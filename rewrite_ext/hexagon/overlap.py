@@ -95,13 +95,11 @@ _MAKE_CALL = tvm_ffi.get_global_func("ir.Call", allow_missing=True)
 _MAKE_TUPLE = tvm_ffi.get_global_func("ir.Tuple", allow_missing=True)
 if "ret_ty" not in inspect.signature(relax.Call.__init__).parameters:
     _MAKE_CALL = None
-# Likewise (name, type, span) and (var, value, span), where relax.Var is tvm.ir.Var (0.27):
-# relax.Var's __init__ costs 2.4 us, the node 0.4.
+# Likewise (name, type, span), where relax.Var is tvm.ir.Var (0.27): relax.Var's __init__ costs
+# 2.4 us, the node 0.4.  (Bindings: _ir.make_binding, on every version.)
 _MAKE_VAR = relax.Var
-_MAKE_BINDING = relax.VarBinding
 if getattr(tvm.ir, "Var", None) is relax.Var:
     _MAKE_VAR = tvm_ffi.get_global_func("ir.Var", allow_missing=True) or relax.Var
-    _MAKE_BINDING = tvm_ffi.get_global_func("relax.VarBinding", allow_missing=True) or relax.VarBinding
 _EXTERNAL, _ANYTHING = 0, -1  # roots; allocations get 1, 2, ...
 _NOTHING: tuple = ()
 _OUT = (_EXTERNAL, None, None)
@@ -939,7 +937,7 @@ def _wait_binding(wait: _Rec, inflight: int) -> relax.VarBinding:
         call = relax.Call(old.op, [old.args[0], relax.Tuple(fields)], old.attrs, ty_args(old), old.span)
         set_type(call, ty(old) if ty(old) is not None else _VOID)
     var = _MAKE_VAR("gv", _VOID, None) if wait.binding is None else wait.binding.var
-    return _MAKE_BINDING(var, call, None)
+    return _ir.make_binding(var, call, None)
 
 
 # ---------------------------------------------------------------------------------------------
