@@ -83,12 +83,12 @@ def _apply(
                 if not new_func.same_as(func):
                     functions[gvar] = new_func
                     changed.append(gvar.name_hint)
-        if changed:
-            functions.update(_added_functions(builder, target, list(functions.values())))
+        if not changed:
+            return target  # as for a function: nothing rewritten, the very input
+        functions.update(_added_functions(builder, target, list(functions.values())))
         new_mod = tvm.IRModule(functions, attrs=target.attrs, global_infos=target.global_infos)
-        if changed:
-            _check_signatures(target, new_mod, changed)
-            _verify(new_mod, target, changed, ruleset, check)
+        _check_signatures(target, new_mod, changed)
+        _verify(new_mod, target, changed, ruleset, check)
         return new_mod
     raise TypeError(f"target must be a relax.Function or an IRModule, got {type(target).__name__}")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Iterable, Iterator
 
 import tvm
@@ -11,6 +12,20 @@ from tvm.relax.expr_functor import PyExprMutator, PyExprVisitor, mutator, visito
 from .compat import TensorType, TupleType, dtype_name, ty_args
 from .compat import holding_the_gil
 from .compat import Constant, StringImm, set_type, var_name  # noqa: F401 (StringImm, set_type, var_name re-exported as _ir.*)
+
+
+_NOT_IN_A_NAME = re.compile(r"[^0-9A-Za-z_]")
+
+
+def shown_name(var: relax.Var) -> str:
+    """A var's name as TVMScript prints it, for messages and reports.
+
+    TVM's printer makes every character other than a letter, a digit or
+    ``_`` an ``_``: the parameter ``nn.Module`` exports as ``fc1.weight``
+    prints as ``fc1_weight``.  (It also numbers a name repeated in one
+    function, ``lv_1``; that needs the whole function and is not done here.)
+    """
+    return _NOT_IN_A_NAME.sub("_", var_name(var))
 
 
 def is_void(ty: object) -> bool:

@@ -445,9 +445,9 @@ class FunctionPass(PyExprMutator):
         result = self.result
         result.changes += 1
         if len(result.changed_names) < NAMES_SHOWN:
-            result.changed_names.append(_ir.var_name(binding.var))
+            result.changed_names.append(_ir.shown_name(binding.var))
             if not keep and any(extra.value.same_as(value) for extra in new):
-                result.kept_the_match.append(_ir.var_name(binding.var))
+                result.kept_the_match.append(_ir.shown_name(binding.var))
         return True
 
     def _call_rewriter(
@@ -511,9 +511,9 @@ class FunctionPass(PyExprMutator):
         finally:
             emitted = builder.reclaim()
         if builder.raw_emits:
-            names = ", ".join(f"'{_ir.var_name(extra.var)}'" for extra in emitted)
+            names = ", ".join(f"'{_ir.shown_name(extra.var)}'" for extra in emitted)
             self.check.defer(
-                f"the rewriter of binding '{_ir.var_name(binding.var)}' called emit_normalized "
+                f"the rewriter of binding '{_ir.shown_name(binding.var)}' called emit_normalized "
                 f"(emitted: {names})"
             )
         if reason is not None:
@@ -642,10 +642,10 @@ class FunctionPass(PyExprMutator):
                     set_var_remap(self, var, new_var)
                     self.remapped = self.may_rematch = True
                     if rule is not None:  # (else the latest rewrite that re-typed a var caused it)
-                        self.retyped_by = (_ir.var_name(var), rule)
+                        self.retyped_by = (_ir.shown_name(var), rule)
                 if len(relax.analysis.free_symbolic_vars(new_value)):
                     # A new type may name a symbolic var no binding defines: TVM's check decides.
-                    self.check.defer(f"the var '{_ir.var_name(var)}' was re-typed with symbolic shapes")
+                    self.check.defer(f"the var '{_ir.shown_name(var)}' was re-typed with symbolic shapes")
                 var = new_var
             new_binding = _ir.make_binding(var, new_value, None)
         _ir.emit_normalized(self.builder_, new_binding)
@@ -668,7 +668,7 @@ class FunctionPass(PyExprMutator):
     ) -> None:
         pattern = f", pattern {rule.description}" if rule is not None else ""
         error = RewriteError(
-            f"rewrite_ext: in function '{self._scope_name()}', binding '{_ir.var_name(binding.var)}'"
+            f"rewrite_ext: in function '{self._scope_name()}', binding '{_ir.shown_name(binding.var)}'"
             f"{pattern}: {what}"
         )
         error.__cause__ = cause

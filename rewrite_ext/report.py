@@ -165,7 +165,7 @@ class Recorder:
 
 def _label(binding: relax.Binding) -> str:
     """The binding's var name; for a void binding (TVMScript names them all ``_``), with its callee."""
-    name = _ir.var_name(binding.var)
+    name = _ir.shown_name(binding.var)
     if not _ir.is_void(ty(binding.var)):
         return name
     value = binding.value

@@ -94,7 +94,8 @@ def rewrite_call(
     -------
     result : Union[relax.Function, tvm.IRModule]
         The rewritten function or a new module, which passes
-        ``relax.analysis.well_formed``.
+        ``relax.analysis.well_formed``; the input itself when nothing was
+        rewritten.
 
     Raises
     ------

@@ -11,7 +11,7 @@ from tvm.script import relax as R
 
 import rewrite_ext  # noqa: F401 - registers R.vm.copy_tensor
 from rewrite_ext import RewriteError, rewrite_call
-from rewrite_ext.hexagon import CopyToDMA, copy_tensor_pattern, copy_to_dma, cpu_dma
+from rewrite_ext.hexagon import CopyToDMA, copy_tensor_pattern, copy_to_dma, cpu_dma, sink_dma_waits
 from rewrite_ext.hexagon.dma import CHUNK_BYTES, MAX_DESCRIPTOR_BYTES
 from rewrite_ext.ops import copy_tensor
 from rewrite_ext.compat import VOID_TY_ARGS, TensorType, TupleType, imm_value, ret_ty, ty, var_name
@@ -84,6 +84,20 @@ def test_input_module_is_unchanged():
     before = Seed.script()
     copy_to_dma(Seed)
     assert Seed.script() == before
+
+
+@I.ir_module
+class _NoCopy:
+    @R.function(pure=False)
+    def main(x: R.Tensor((32, 64), "int32")) -> R.Tensor((32, 64), "int32"):
+        y = R.add(x, x)
+        return y
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_module_without_copies_comes_back_itself(overlap):
+    assert copy_to_dma(_NoCopy, overlap=overlap).same_as(_NoCopy)
+    assert sink_dma_waits(_NoCopy).same_as(_NoCopy)
 
 
 def test_function_target_returns_a_function():

@@ -1162,6 +1162,26 @@ def test_a_kernel_taking_dst_as_input_is_reported_as_reading_or_writing_it():
     assert transfer.stopped_by == "`k = my.kernel` (reads or writes dst)"
 
 
+def test_the_report_names_vars_and_void_calls_as_tvmscript_prints_them():
+    # nn.Module exports parameters as `fc1.weight`, which TVMScript prints `fc1_weight`; a void
+    # call prints as a bare statement, with no `_ =`.
+    x = relax.Var("fc1.weight", TensorType((16,), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x], pure=False):
+        storage = bb.emit(relax.op.vm.alloc_storage(relax.ShapeExpr([128]), 0, "uint8"))
+        a = bb.emit(relax.op.vm.alloc_tensor(storage, 0, relax.ShapeExpr([16]), "float32"))
+        out = bb.emit(relax.op.vm.alloc_tensor(storage, 64, relax.ShapeExpr([16]), "float32"))
+        bb.emit(copy_tensor(x, a))
+        bb.emit(relax.Call(relax.ExternFunc("my.kernel"), [a, out], **VOID_TY_ARGS))
+        bb.emit_func_output(out)
+    scheduled = copy_to_dma(bb.get(), overlap=True)
+    (transfer,) = overlap_report(scheduled)
+    printed = scheduled["main"].script()
+    assert transfer.src == "fc1_weight" and "fc1_weight" in printed
+    assert transfer.stopped_by == "`my.kernel(...)` (reads or writes dst)"
+    assert "_ = " not in printed and "my.kernel" in printed
+
+
 @R.function(pure=False)
 def chained_copies(x: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
     storage = _storage()

@@ -98,6 +98,15 @@ def test_declining_every_match_returns_the_input_itself(decline):
     assert out.same_as(add_chain)
 
 
+@pytest.mark.parametrize(
+    "rewriter", [to_multiply, lambda orig, m: orig, lambda orig, m: None], ids=["no match", "orig", "None"]
+)
+def test_a_module_nothing_in_which_is_rewritten_comes_back_itself(rewriter):
+    mod = tvm.IRModule({"main": add_chain.with_attr("global_symbol", "main")})
+    pattern = is_op("relax.nn.conv2d")(wildcard(), wildcard()) if rewriter is to_multiply else ADD
+    assert rewrite_call(pattern, rewriter, mod).same_as(mod)
+
+
 def test_function_where_nothing_matches_comes_back_structurally_equal():
     pattern = is_op("relax.nn.conv2d")(wildcard(), wildcard())
     out = rewrite_call(pattern, to_multiply, add_chain)

@@ -167,7 +167,7 @@ def test_vtcm_the_function_allocates_already_is_not_planned_again():
 def test_zero_capacity_changes_nothing_and_reports_every_tensor():
     with pytest.warns(VTCMCapacityWarning, match=r"5 tensor\(s\)"):
         staged = stage_in_vtcm(TINY, capacity=0)
-    tvm.ir.assert_structural_equal(staged, TINY)
+    assert staged.same_as(TINY)  # nothing staged: the input itself, as rewrite_call gives it
 
 
 @pytest.mark.parametrize(
@@ -457,7 +457,7 @@ def test_prefetch_gives_consecutive_calls_other_slots_so_weights_load_during_the
     func = copy_to_dma(staged, overlap=True)["forward"]
     assert _kernels_during(func, "fc2.weight") == ["relu"]
     assert _kernels_during(func, "relu") == ["transpose1"]
-    assert sorted(t.src for t in overlap_report(func) if t.kernels) == ["fc2.weight", "relu", "x"]
+    assert sorted(t.src for t in overlap_report(func) if t.kernels) == ["fc2_weight", "relu", "x"]  # as TVMScript prints it
     # On two queues a weight's copy need not wait behind the previous kernel's output's.
     func = copy_to_dma(staged, overlap=True, num_queues=2)["forward"]
     assert _kernels_during(func, "fc1.bias") == ["matmul"]

@@ -366,7 +366,8 @@ def copy_to_dma(
     Returns
     -------
     result : Union[relax.Function, tvm.IRModule]
-        The rewritten function or a new module.
+        The rewritten function or a new module; the input itself when it
+        holds no copy to rewrite.
 
     Raises
     ------

@@ -968,8 +968,10 @@ def _schedule(
                     new_func = _Reader(known, target).function(func, top=True)
                 changed = changed or new_func is not func
                 functions[gvar] = new_func
+        if not changed:
+            return target
         result_mod = tvm.IRModule(functions, attrs=target.attrs, global_infos=target.global_infos)
-        if check and changed:
+        if check:
             relax.analysis.well_formed(result_mod)
         return result_mod
     raise TypeError(f"target must be a relax.Function or an IRModule, got {type(target).__name__}")
@@ -990,8 +992,8 @@ def sink_dma_waits(target: relax.Function | tvm.IRModule) -> relax.Function | tv
     Returns
     -------
     result : Union[relax.Function, tvm.IRModule]
-        The same kind of object: the function (the input itself when nothing
-        moves) or a new module.  The input is never modified; the result
+        The same kind of object: a new function or module, or the input
+        itself when nothing moves.  The input is never modified; the result
         passes ``relax.analysis.well_formed``.
 
     Raises
@@ -1091,7 +1093,7 @@ class TransferOverlap:
 
 
 def _name(expr: object) -> str:
-    return _ir.var_name(expr) if isinstance(expr, relax.Var) else "?" if expr is None else str(expr)
+    return _ir.shown_name(expr) if isinstance(expr, relax.Var) else "?" if expr is None else str(expr)
 
 
 _KERNEL_OPS = frozenset({"relax.call_tir", "relax.call_tir_inplace", "relax.call_dps_packed", "relax.call_packed"})
@@ -1123,7 +1125,11 @@ def _what(rec: _Rec) -> str:
             if isinstance(callee, tvm.ir.Op)
             else getattr(callee, "name_hint", None) or getattr(callee, "global_symbol", None) or _name(callee)
         )
-    return f"`{_name(rec.var)} = {op}`" if rec.var is not None else f"`{op}`"
+    if rec.var is None:
+        return f"`{op}`"
+    if isinstance(value, relax.Call) and _ir.is_void(ty(rec.var)):
+        return f"`{op}(...)`"  # TVMScript prints a void call as a bare statement, with no `_ =`
+    return f"`{_name(rec.var)} = {op}`"
 
 
 def _why(rec: _Rec, src: tuple, dst: tuple, defines: tuple, leaf) -> str | None:

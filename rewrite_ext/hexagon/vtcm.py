@@ -46,7 +46,7 @@ from tvm import relax
 from tvm.relax.dpl import ExternFuncPattern, is_gv
 
 from .. import ops
-from .._ir import StringImm, all_bindings, function_name, static_nbytes, var_name
+from .._ir import StringImm, all_bindings, function_name, shown_name, static_nbytes, var_name
 from ..rewrite import rewrite_call
 from ..compat import imm_value, sblock_written_params, ty, ty_args
 
@@ -357,7 +357,7 @@ def _plan_function(
 
 
 def _arg_name(arg: relax.Expr) -> str:
-    return var_name(arg) if isinstance(arg, relax.Var) else type(arg).__name__
+    return shown_name(arg) if isinstance(arg, relax.Var) else type(arg).__name__
 
 
 def plan_vtcm(
@@ -494,9 +494,10 @@ def stage_in_vtcm(
     Returns
     -------
     result : tvm.IRModule
-        A new module.  If some chosen tensors did not fit, they are left in
-        place and a :class:`VTCMCapacityWarning` names them;
-        :func:`plan_vtcm` gives the same plan as data.
+        A new module, or the input itself when nothing is staged.  If some
+        chosen tensors did not fit, they are left in place and a
+        :class:`VTCMCapacityWarning` names them; :func:`plan_vtcm` gives the
+        same plan as data.
 
     Examples
     --------
