@@ -16,6 +16,7 @@ from tvm.script import relax as R
 import rewrite_ext  # noqa: F401 - registers R.vm.copy_tensor
 from rewrite_ext.cli import load_module
 from rewrite_ext.hexagon import CopyToDMA, copy_to_dma, cpu_dma, overlap_report, sink_dma_waits
+from rewrite_ext.hexagon.dma import CHUNK_BYTES
 from rewrite_ext.ops import copy_tensor
 from rewrite_ext.compat import VOID_TY_ARGS, TensorType, dtype_name, imm_value, set_var_remap, ty
 
@@ -187,6 +188,32 @@ def test_a_copy_larger_than_a_descriptor_runs_chunked_under_the_stand_in(overlap
         tvm.ir.assert_structural_equal(rewritten, sink_dma_waits(copy_to_dma(mod)))
         (first, second) = overlap_report(rewritten)
         assert first.overlapped == second.overlapped == 1
+
+
+def test_a_transfer_of_more_chunks_than_the_ring_holds_runs_beside_another_queue():
+    # 101 chunks (1.6 GiB): more descriptors than the ring's 100.  On its own queue the engine
+    # only stalls; with y's transfer in flight on queue 0 the runtime would miscount queue 0
+    # (cpu_dma raises), so the schedule completes y's first.
+    n = 100 * CHUNK_BYTES + 5
+    bb = relax.BlockBuilder()
+    x, y = relax.Var("x", TensorType([n], "uint8")), relax.Var("y", TensorType([64], "uint8"))
+    with bb.function("main", [x, y], pure=False):
+        a = bb.emit(relax.op.builtin.alloc_tensor(relax.ShapeExpr([n]), "uint8", 0))
+        b = bb.emit(relax.op.builtin.alloc_tensor(relax.ShapeExpr([64]), "uint8", 0))
+        bb.emit(copy_tensor(y, b))
+        bb.emit(copy_tensor(x, a))
+        bb.emit_func_output(relax.Tuple([a, b]))
+    rewritten = copy_to_dma(bb.get(), overlap=True, num_queues=2)
+    x_in = np.zeros(n, dtype="uint8")
+    x_in[::4093] = np.arange(len(x_in[::4093])) % 251 + 1  # a byte in every page, no two chunks alike
+    y_in = np.arange(64, dtype="uint8")
+    executable = relax.build(rewritten, target="llvm")
+    with cpu_dma() as dma:
+        vm = relax.VirtualMachine(executable, tvm.cpu())
+        a_out, b_out = vm["main"](tvm.runtime.tensor(x_in), tvm.runtime.tensor(y_in))
+        assert np.array_equal(a_out.numpy(), x_in) and np.array_equal(b_out.numpy(), y_in)
+    assert dma.copies == dma.completed == 102 and dma.bytes_copied == n + 64
+    assert dma.peak_in_flight == {0: 1, 1: 100} and dma.ring_stalls == 1
 
 
 def _int4_copy(n: int) -> tvm.IRModule:
