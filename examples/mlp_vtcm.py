@@ -3,9 +3,9 @@
     python examples/mlp_vtcm.py [--capacity BYTES | --target qcom/hexagon-v68] [--overlap [--num-queues N]] [--prefetch] [--print-ir]
 
 The model is written with ``tvm.relax.frontend.nn`` and lowered by TVM's own
-passes to VM-level IR (:data:`LOWER_TO_VM_IR`: kernels called with their
-outputs passed last, memory planned into ``alloc_storage``/``alloc_tensor``,
-functions ``relax.force_pure``).  Then ``stage_in_vtcm`` copies each kernel
+passes to VM-level IR (``rewrite_ext.hexagon.LowerToVMIR()``: kernels called
+with their outputs passed last, memory planned into
+``alloc_storage``/``alloc_tensor``, functions ``relax.force_pure``).  Then ``stage_in_vtcm`` copies each kernel
 input into planned ``global.vtcm`` storage, ``copy_to_dma`` turns the copies
 into Hexagon DMA transfers, and ``relax.build(target="llvm")`` builds it.
 ``relax.build``'s default pipeline runs the lowering passes again, which
@@ -26,6 +26,7 @@ from tvm import relax
 from tvm.relax.frontend import nn
 
 from rewrite_ext.hexagon import (
+    LowerToVMIR,
     copy_to_dma,
     cpu_dma,
     cpu_vtcm,
@@ -36,18 +37,7 @@ from rewrite_ext.hexagon import (
 )
 
 #: TVM's default build pipeline up to memory planning: the IR ``stage_in_vtcm`` works on.
-LOWER_TO_VM_IR = tvm.transform.Sequential(
-    [
-        relax.transform.LegalizeOps(),
-        relax.transform.RewriteDataflowReshape(),
-        relax.transform.ToNonDataflow(),
-        relax.transform.RemovePurityChecking(),
-        relax.transform.CallTIRRewrite(),
-        relax.transform.StaticPlanBlockMemory(),
-        relax.transform.LowerAllocTensor(),
-    ],
-    name="LowerToVMIR",
-)
+LOWER_TO_VM_IR = LowerToVMIR()
 
 
 class MLP(nn.Module):

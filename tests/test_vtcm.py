@@ -21,6 +21,7 @@ from tvm.script import tirx as T
 import rewrite_ext  # noqa: F401 - registers R.vm.copy_tensor
 from rewrite_ext.hexagon import (
     CPUVTCM,
+    LowerToVMIR,
     DMA_COPY,
     DMA_WAIT,
     VTCM_BLOCK_BYTES,
@@ -576,9 +577,22 @@ def test_a_module_not_lowered_yet_gets_a_warning_that_nothing_was_staged():
 
     legalized = relax.transform.LegalizeOps()(High)
     for mod, holds in [(High, "R.add"), (legalized, "R.call_tir")]:
-        with pytest.warns(UserWarning, match=f"still holds {holds}, so it is not lowered yet"):
+        with pytest.warns(UserWarning, match=f"still holds {holds}, so it is not lowered yet") as record:
             out = stage_in_vtcm(mod, capacity=4096)
-        tvm.ir.assert_structural_equal(out, mod)
+        assert out.same_as(mod)
+        assert any("rewrite_ext.hexagon.LowerToVMIR()(mod) runs them" in str(w.message) for w in record)
     with pytest.warns(VTCMCapacityWarning) as record:  # lowered, nothing fits: only that is said
-        stage_in_vtcm(LOWER(High), capacity=0)
+        stage_in_vtcm(LowerToVMIR()(High), capacity=0)
     assert not [w for w in record if "not lowered" in str(w.message)]
+
+
+def test_lower_to_vm_ir_gives_the_ir_staging_works_on_and_changes_nothing_on_its_own_output():
+    model, inputs = example.export()
+    lowered = LowerToVMIR()(model)
+    tvm.ir.assert_structural_equal(LowerToVMIR()(lowered), lowered)  # relax.build runs it again
+    func = lowered["forward"]
+    assert func.attrs["relax.force_pure"] and not any(
+        isinstance(block, relax.DataflowBlock) for block in func.body.blocks
+    )
+    assert len(plan_vtcm(lowered).staged) == 11  # every kernel input of the MLP
+    np.testing.assert_array_equal(_run(lowered, inputs, "forward"), _run(model, inputs, "forward"))

@@ -54,6 +54,7 @@ __all__ = [
     "VTCM_BLOCK_BYTES",
     "VTCM_SCOPE",
     "CPUVTCM",
+    "LowerToVMIR",
     "StagedTensor",
     "VTCMCapacityWarning",
     "VTCMPlan",
@@ -437,6 +438,44 @@ def _staging_rewriter(plan: VTCMPlan) -> Callable[[relax.Expr, dict, relax.Block
     return stage_rewriter
 
 
+def LowerToVMIR() -> tvm.transform.Pass:  # noqa: N802 - TVM names passes in CamelCase
+    """TVM's passes that lower a model to the IR :func:`stage_in_vtcm` works on.
+
+    The first passes of TVM's default build pipeline, up to memory planning:
+    ``LegalizeOps``, ``RewriteDataflowReshape``, ``ToNonDataflow``,
+    ``RemovePurityChecking``, ``CallTIRRewrite``, ``StaticPlanBlockMemory``
+    and ``LowerAllocTensor``, in that order.  Their output calls each kernel
+    with its outputs passed last, holds memory as ``alloc_storage`` /
+    ``alloc_tensor`` and leaves functions ``relax.force_pure``.
+    ``relax.build`` runs them again, and they change nothing on their own
+    output.
+
+    Returns
+    -------
+    ret : tvm.transform.Pass
+        The passes as one ``tvm.transform.Sequential``.
+
+    Examples
+    --------
+    .. code-block:: python
+
+        mod, params = model.export_tvm(spec)
+        staged = stage_in_vtcm(LowerToVMIR()(mod), capacity="qcom/hexagon-v68")
+    """
+    return tvm.transform.Sequential(
+        [
+            relax.transform.LegalizeOps(),
+            relax.transform.RewriteDataflowReshape(),
+            relax.transform.ToNonDataflow(),
+            relax.transform.RemovePurityChecking(),
+            relax.transform.CallTIRRewrite(),
+            relax.transform.StaticPlanBlockMemory(),
+            relax.transform.LowerAllocTensor(),
+        ],
+        name="LowerToVMIR",
+    )
+
+
 def _not_lowered(target: relax.Function | tvm.IRModule) -> str | None:
     """What shows ``target`` is not lowered to VM-level IR yet (an ``R.call_tir``, or an
     operator LegalizeOps would legalize), else None."""
@@ -526,7 +565,7 @@ def stage_in_vtcm(
             f"stage_in_vtcm: nothing staged: the module still holds {unlowered}, so it is not "
             "lowered yet; stage after TVM's LegalizeOps, RewriteDataflowReshape, ToNonDataflow, "
             "RemovePurityChecking, CallTIRRewrite, StaticPlanBlockMemory and LowerAllocTensor, in "
-            "that order (LOWER_TO_VM_IR in examples/mlp_vtcm.py; docs/hexagon-dma.md)",
+            "that order: rewrite_ext.hexagon.LowerToVMIR()(mod) runs them",
             UserWarning,
             stacklevel=2,
         )
