@@ -1,6 +1,8 @@
-"""Running an IRModule's ``main`` on the CPU on random inputs, and comparing outputs.
+"""Running an IRModule's entry function on the CPU on random inputs, and comparing outputs.
 
-What the CLI's ``--run`` needs: inputs for every parameter ``main`` can take
+What the CLI's ``--run`` and ``rewrite_ext.testing`` need: the function to run
+(``main``, else the module's only public Relax function), inputs for every
+parameter it can take
 (tensors, shapes, prim values, tuples of them; symbolic dims bound to values),
 a build and a run on ``relax.VirtualMachine``, and a comparison of two runs'
 outputs in which NaN equals NaN.
@@ -16,16 +18,49 @@ import numpy as np
 import tvm
 import tvm_ffi
 from tvm import relax
+from . import _ir
 from .compat import PrimType, ShapeType, TensorType, TupleType, dtype_name, ty, var_name
 
-__all__ = ["Inputs", "InputError", "Outputs", "compare_outputs", "make_inputs", "run_main"]
+__all__ = ["Inputs", "InputError", "Outputs", "compare_outputs", "entry_function", "make_inputs", "run_main"]
 
 #: The value a symbolic dim or prim parameter gets unless ``--bind NAME=VALUE`` says otherwise.
 DEFAULT_SYMBOLIC_VALUE = 8
 
 
 class InputError(Exception):
-    """``main`` takes a parameter for which no input can be made; the message is one line."""
+    """The function takes a parameter for which no input can be made; the message is one line."""
+
+
+def entry_function(
+    mod: tvm.IRModule, entry: str | None = None, choose: str = "pass entry='name' to choose"
+) -> tuple[str, relax.Function]:
+    """The function to run: its name on the VM (its ``global_symbol``) and the function.
+
+    ``entry`` None: ``main``, else the module's only public Relax function
+    (``nn.Module.export_tvm`` names it ``forward``).  ``choose``: how the
+    caller names a function, for the ValueError raised when there is none.
+    """
+    functions = {gv.name_hint: f for gv, f in mod.functions_items() if isinstance(f, relax.Function)}
+    public = sorted(name for name, f in functions.items() if _ir.function_name(f, None) is not None)
+    if entry is None:
+        if "main" in functions:
+            entry = "main"
+        elif len(public) == 1:
+            entry = public[0]
+        else:
+            found = f"public Relax functions {', '.join(public)}" if public else (
+                f"no public Relax function (Relax functions: {', '.join(sorted(functions)) or 'none'})"
+            )
+            raise ValueError(f"the module has no function 'main' and {found}; {choose}")
+    elif entry not in functions:
+        raise ValueError(
+            f"the module has no Relax function '{entry}' to run "
+            f"(it has {', '.join(sorted(functions)) or 'none'})"
+        )
+    func = functions[entry]
+    # relax.build names a public function by its global_symbol, which IRModule({"main": f})
+    # leaves as f's own name.
+    return _ir.function_name(func, None) or entry, func
 
 
 @dataclass
@@ -36,7 +71,7 @@ class Inputs:
     """One argument per parameter: ``tvm.runtime.Tensor``, ``tvm_ffi.Shape``, int, float,
     bool, or a list of those for a tuple parameter."""
     bound: dict[str, int] = field(default_factory=dict)
-    """Symbolic var name to the value chosen, for those ``main``'s parameters use."""
+    """Symbolic var name to the value chosen, for those the function's parameters use."""
 
 
 
@@ -147,7 +182,7 @@ class _InputMaker:
         return tvm.runtime.tensor(data)
 
 
-def make_inputs(func: relax.Function, bindings: Mapping[str, int], seed: int = 0) -> Inputs:
+def make_inputs(func: relax.Function, bindings: Mapping[str, int], seed: int = 0, name: str = "main") -> Inputs:
     """Random inputs for every parameter of ``func``.
 
     Parameters
@@ -158,6 +193,8 @@ def make_inputs(func: relax.Function, bindings: Mapping[str, int], seed: int = 0
         Values for symbolic vars by name; others get ``DEFAULT_SYMBOLIC_VALUE``.
     seed : int
         The seed of the random data.
+    name : str
+        The function's name, for messages.
 
     Raises
     ------
@@ -166,12 +203,12 @@ def make_inputs(func: relax.Function, bindings: Mapping[str, int], seed: int = 0
         unknown rank), naming it.
     """
     maker = _InputMaker(bindings, np.random.default_rng(seed))
-    values = [maker.make(ty(param), f"main's parameter {var_name(param)!r}") for param in func.params]
+    values = [maker.make(ty(param), f"{name}'s parameter {var_name(param)!r}") for param in func.params]
     unknown = sorted(set(bindings) - set(maker.bound))
     if unknown:
         names = ", ".join(sorted(maker.bound)) or "none"
         raise InputError(
-            f"--bind {', '.join(unknown)}: main's parameters have no symbolic var of that name "
+            f"--bind {', '.join(unknown)}: {name}'s parameters have no symbolic var of that name "
             f"(theirs: {names}; names are case-sensitive)"
         )
     return Inputs(values, maker.bound)
@@ -183,8 +220,8 @@ def _to_ffi(value: Any) -> Any:
     return value
 
 
-def run_main(mod: tvm.IRModule, inputs: Inputs) -> list[tuple[str, Any]]:
-    """Build ``mod`` for the CPU and run ``main`` on ``inputs``.
+def run_main(mod: tvm.IRModule, inputs: Inputs, entry: str = "main") -> list[tuple[str, Any]]:
+    """Build ``mod`` for the CPU and run its function ``entry`` (a name on the VM) on ``inputs``.
 
     Returns
     -------
@@ -195,7 +232,7 @@ def run_main(mod: tvm.IRModule, inputs: Inputs) -> list[tuple[str, Any]]:
     """
     executable = relax.build(mod, target="llvm")
     vm = relax.VirtualMachine(executable, tvm.cpu())
-    return _flatten(vm["main"](*[_to_ffi(value) for value in inputs.values]), "output")
+    return _flatten(vm[entry](*[_to_ffi(value) for value in inputs.values]), "output")
 
 
 def _flatten(value: Any, place: str) -> list[tuple[str, Any]]:

@@ -3,7 +3,8 @@
 ``rewrite-ext dma FILE`` reads an IRModule from TVMScript (read as text, never
 run) or TVM's JSON, rewrites every ``R.vm.copy_tensor`` into the Hexagon DMA
 builtins, and prints or writes the result; ``--run`` also runs original and
-rewritten ``main`` on the CPU and compares their outputs.
+rewritten ``main`` (else the only public function, or ``--entry NAME``) on the
+CPU and compares their outputs.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import re
 import sys
 import traceback
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import tvm
@@ -74,6 +76,7 @@ environment:
 
 examples:
   rewrite-ext dma examples/copy_to_vtcm.py --run
+  rewrite-ext dma staged.json --run --entry forward
   rewrite-ext dma big.json -o big.dma.json
   rewrite-ext dma model.py --module Lowered --diff
 """
@@ -171,7 +174,14 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--run",
         action="store_true",
-        help="run original and rewritten main on the same random inputs and compare (rewritten under cpu_dma())",
+        help="run original and rewritten main (else the module's only public function) on the same random "
+        "inputs and compare (rewritten under cpu_dma())",
+    )
+    check.add_argument(
+        "--entry",
+        metavar="NAME",
+        help="with --run: the function to run (default: main, else the module's only public Relax function, "
+        "such as nn.Module.export_tvm's forward)",
     )
     check.add_argument(
         "--bind",
@@ -179,7 +189,7 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help="with --run: the value of a symbolic dim of main's parameters (default 8 each)",
+        help="with --run: the value of a symbolic dim of the function's parameters (default 8 each)",
     )
     check.add_argument("--seed", type=int, default=0, help="with --run: the seed of the random inputs (default 0)")
     dma.set_defaults(handler=_dma)
@@ -202,6 +212,8 @@ def _check_arguments(args: argparse.Namespace) -> None:
         )
     if args.bind and not args.run:
         raise CLIError("--bind sets inputs of --run; add --run or drop --bind")
+    if args.entry is not None and not args.run:
+        raise CLIError("--entry chooses the function --run runs; add --run or drop --entry")
     if args.diff and _output_format(args) is FileFormat.JSON and not args.output:
         raise CLIError("--diff prints TVMScript: drop --output-format json, or write the JSON with -o OUT")
 
@@ -223,25 +235,32 @@ def _note(text: str) -> None:
         _say(text)
 
 
-def _prepare_run(original: tvm.IRModule, args: argparse.Namespace) -> Inputs:
-    """The inputs of --run, made before the rewrite so that a hopeless --run fails fast."""
-    from ._cpu_run import InputError, make_inputs
+@dataclass
+class _Run:
+    """What --run runs: the function's name in the module and on the VM, and its inputs."""
 
-    functions = [gv.name_hint for gv in original.functions]
-    if "main" not in functions:
-        listed = ", ".join(sorted(functions)) or "none"
-        raise CLIError(f"--run runs the function main, which the module does not have (its functions: {listed})")
-    main = original["main"]
-    if not isinstance(main, tvm.relax.Function):
-        raise CLIError("--run runs main, which is not a Relax function")
+    name: str
+    vm_name: str
+    inputs: Inputs
+
+
+def _prepare_run(original: tvm.IRModule, args: argparse.Namespace) -> _Run:
+    """The inputs of --run, made before the rewrite so that a hopeless --run fails fast."""
+    from ._cpu_run import InputError, entry_function, make_inputs
+
     try:
-        return make_inputs(main, dict(args.bind), seed=args.seed)
+        vm_name, func = entry_function(original, args.entry, choose="choose one with --entry NAME")
+    except ValueError as exc:
+        raise CLIError(f"--run: {exc}") from None
+    name = args.entry or next(gv.name_hint for gv, f in original.functions_items() if f.same_as(func))
+    try:
+        return _Run(name, vm_name, make_inputs(func, dict(args.bind), seed=args.seed, name=name))
     except InputError as exc:
         raise CLIError(str(exc)) from None
 
 
-def _run_and_compare(original: tvm.IRModule, rewritten: tvm.IRModule, inputs: Inputs) -> bool:
-    """Run both modules' main; print the verdict and the DMA stand-in's counters."""
+def _run_and_compare(original: tvm.IRModule, rewritten: tvm.IRModule, run: _Run) -> bool:
+    """Run both modules' entry function; print the verdict and the DMA stand-in's counters."""
     from ._cpu_run import compare_outputs, run_main
     from .hexagon.cpu_dma import calls_dma, cpu_dma
     from .hexagon.vtcm import allocates_vtcm, cpu_vtcm
@@ -249,20 +268,21 @@ def _run_and_compare(original: tvm.IRModule, rewritten: tvm.IRModule, inputs: In
     # VTCM storage (a staged module's) is allocated as global memory on the CPU.
     vtcm = cpu_vtcm if allocates_vtcm(original) or allocates_vtcm(rewritten) else contextlib.nullcontext
 
+    inputs = run.inputs
     if inputs.bound:
         values = ", ".join(f"{name}={value}" for name, value in sorted(inputs.bound.items()))
         _note(f"# symbolic vars: {values} (set with --bind NAME=VALUE)")
-    with _progress.step("building and running the original main on the CPU"):
+    with _progress.step(f"building and running the original {run.name} on the CPU"):
         try:
             # A module that already holds DMA builtins (rewritten before) runs under the stand-in too.
             with cpu_dma() if calls_dma(original) else contextlib.nullcontext(), vtcm():
-                expected = run_main(original, inputs)
+                expected = run_main(original, inputs, run.vm_name)
         except Exception as exc:  # noqa: BLE001 - TVM's build or VM, about the input module
             raise CLIError(f"the original module does not run on the CPU: {_first_line(exc)}") from None
-    with _progress.step("building and running the rewritten main under cpu_dma()"):
+    with _progress.step(f"building and running the rewritten {run.name} under cpu_dma()"):
         try:
             with cpu_dma() as dma, vtcm():
-                got = run_main(rewritten, inputs)
+                got = run_main(rewritten, inputs, run.vm_name)
         except Exception as exc:  # noqa: BLE001 - e.g. DMAError: the rewrite broke the module
             # The original ran: a rewritten module that fails computes something else.
             _note("# outputs equal: False")
@@ -281,7 +301,7 @@ def _dma(args: argparse.Namespace) -> int:
     input_format = FileFormat(args.format) if args.format else None
     with _progress.step(f"reading {args.file} ({format_of(args.file, input_format).value})"):
         _, original = read_module(args.file, input_format, args.module)
-    inputs = _prepare_run(original, args) if args.run else None
+    run = _prepare_run(original, args) if args.run else None
 
     from .hexagon import copy_to_dma
 
@@ -315,8 +335,8 @@ def _dma(args: argparse.Namespace) -> int:
         _note(format_overlap_report(overlap_report(rewritten)))
     if report is not None:
         _note("# rewrite report\n" + "\n".join(f"# {line}" for line in str(report).splitlines()))
-    if inputs is not None:
-        return EXIT_OK if _run_and_compare(original, rewritten, inputs) else EXIT_DIFFERENT
+    if run is not None:
+        return EXIT_OK if _run_and_compare(original, rewritten, run) else EXIT_DIFFERENT
     return EXIT_OK
 
 

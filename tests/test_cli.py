@@ -382,21 +382,38 @@ def test_run_handles_prim_and_shape_parameters(tmp_path):
     assert "# symbolic vars: m=3" in done.stdout and "# outputs equal: True" in done.stdout
 
 
-def test_run_without_main_names_the_functions(tmp_path):
-    path = module_file(
-        tmp_path,
-        copy_module(
-            """
-            @R.function(pure=False)
-            def f(x: R.Tensor((4,), dtype="float32")) -> R.Tensor((4,), dtype="float32"):
-                out: R.Tensor((4,), dtype="float32") = R.builtin.alloc_tensor(R.shape([4]), R.dtype("float32"), R.prim_value(0))
-                R.vm.copy_tensor(x, out)
-                return out
-            """
-        ),
-    )
-    assert_one_error_line(cli("dma", path, "--run"), "does not have", "its functions: f")
-    assert cli("dma", path).returncode == 0  # without --run, main is not needed
+_COPY_FUNCTION = """
+@R.function{private}
+def {name}(x: R.Tensor((4,), dtype="float32")) -> R.Tensor((4,), dtype="float32"):
+    R.func_attr({{"relax.force_pure": True}})
+    out: R.Tensor((4,), dtype="float32") = R.builtin.alloc_tensor(R.shape([4]), R.dtype("float32"), R.prim_value(0))
+    R.vm.copy_tensor(x, out)
+    return out
+"""
+
+
+def _functions_file(tmp_path: Path, public: list[str], private: list[str] = ()) -> Path:
+    body = "".join(_COPY_FUNCTION.format(name=n, private="") for n in public)
+    body += "".join(_COPY_FUNCTION.format(name=n, private="(private=True)") for n in private)
+    return module_file(tmp_path, copy_module(body))
+
+
+def test_run_without_main_runs_the_only_public_function(tmp_path):
+    # nn.Module.export_tvm names it forward
+    done = cli("dma", _functions_file(tmp_path, ["forward"], ["helper"]), "--run")
+    assert done.returncode == 0, done.stderr
+    assert "# outputs equal: True" in done.stdout and "copies=1" in done.stdout
+
+
+def test_run_chooses_with_entry_and_says_how_when_it_cannot(tmp_path):
+    path = _functions_file(tmp_path, ["f", "g"])
+    assert_one_error_line(cli("dma", path, "--run"), "no function 'main'", "public Relax functions f, g", "--entry NAME")
+    done = cli("dma", path, "--run", "--entry", "g")
+    assert done.returncode == 0, done.stderr
+    assert "# outputs equal: True" in done.stdout
+    assert_one_error_line(cli("dma", path, "--run", "--entry", "h"), "no Relax function 'h'", "f, g")
+    assert_one_error_line(cli("dma", path, "--entry", "g"), "--entry chooses the function --run runs")
+    assert cli("dma", path).returncode == 0  # without --run, no function is needed
 
 
 def test_run_with_an_object_parameter_says_what_it_can_make(tmp_path):

@@ -21,6 +21,7 @@ import tvm
 from tvm import relax
 
 from .. import _ir
+from .._cpu_run import entry_function
 from ..compat import PrimType, ShapeType, TensorType, TupleType, dtype_name, ty, var_name
 
 __all__ = ["Comparison", "ResultMismatch", "RunError", "assert_same_results", "random_inputs", "run"]
@@ -79,32 +80,8 @@ def _as_module(program: relax.Function | tvm.IRModule) -> tvm.IRModule:
 
 
 def _entry(mod: tvm.IRModule, entry: str | None = None) -> tuple[str, relax.Function]:
-    """The function to run: its name on the VM (its ``global_symbol``) and the function.
-
-    ``entry`` None: ``main``, else the module's only public Relax function
-    (``nn.Module.export_tvm`` names it ``forward``).
-    """
-    functions = {gv.name_hint: f for gv, f in mod.functions_items() if isinstance(f, relax.Function)}
-    public = sorted(name for name, f in functions.items() if _ir.function_name(f, None) is not None)
-    if entry is None:
-        if "main" in functions:
-            entry = "main"
-        elif len(public) == 1:
-            entry = public[0]
-        else:
-            found = f"public Relax functions {', '.join(public)}" if public else (
-                f"no public Relax function (Relax functions: {', '.join(sorted(functions)) or 'none'})"
-            )
-            raise ValueError(f"the module has no function 'main' and {found}; pass entry='name' to choose")
-    elif entry not in functions:
-        raise ValueError(
-            f"the module has no Relax function '{entry}' to run "
-            f"(it has {', '.join(sorted(functions)) or 'none'})"
-        )
-    func = functions[entry]
-    # relax.build names a public function by its global_symbol, which IRModule({"main": f})
-    # leaves as f's own name.
-    return _ir.function_name(func, None) or entry, func
+    """The function to run: its name on the VM and the function (``entry_function``)."""
+    return entry_function(mod, entry)
 
 
 def _has_if(func: relax.Function) -> bool:
