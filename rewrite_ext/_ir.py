@@ -9,7 +9,7 @@ from collections.abc import Iterable, Iterator
 import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, PyExprVisitor, mutator, visitor
-from .compat import TensorType, TupleType, dtype_name, ty_args
+from .compat import TensorType, TupleType, dtype_name, ty, ty_args
 from .compat import holding_the_gil
 from .compat import Constant, StringImm, set_type, var_name  # noqa: F401 (StringImm, set_type, var_name re-exported as _ir.*)
 
@@ -26,6 +26,23 @@ def shown_name(var: relax.Var) -> str:
     function, ``lv_1``; that needs the whole function and is not done here.)
     """
     return _NOT_IN_A_NAME.sub("_", var_name(var))
+
+
+def binding_label(binding: relax.Binding) -> str:
+    """The binding's var name for messages; for a void binding, which TVMScript prints with no
+    var (its var is named ``_``), with its callee: ``_ (relax.vm.copy_tensor)``."""
+    name = shown_name(binding.var)
+    if not is_void(ty(binding.var)):
+        return name
+    value = binding.value
+    callee = ""
+    if isinstance(value, relax.Call):
+        op = value.op
+        callee = getattr(op, "name", "") or getattr(op, "global_symbol", "") or getattr(op, "name_hint", "")
+        args = elements(value.args)
+        if args and isinstance(args[0], relax.ExternFunc):
+            callee = f"{callee} {args[0].global_symbol}"
+    return f"{name} ({callee})" if callee else name
 
 
 def is_void(ty: object) -> bool:

@@ -668,7 +668,7 @@ class FunctionPass(PyExprMutator):
     ) -> None:
         pattern = f", pattern {rule.description}" if rule is not None else ""
         error = RewriteError(
-            f"rewrite_ext: in function '{self._scope_name()}', binding '{_ir.shown_name(binding.var)}'"
+            f"rewrite_ext: in function '{self._scope_name()}', binding '{_ir.binding_label(binding)}'"
             f"{pattern}: {what}"
         )
         error.__cause__ = cause

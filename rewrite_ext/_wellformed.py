@@ -95,14 +95,14 @@ class Verdict:
                 for extra in emitted:
                     name = _ir.var_name(extra.var)
                     if name in names:
-                        return Culprit(function, _ir.shown_name(binding.var), rule, name, True, False)
+                        return Culprit(function, _ir.binding_label(binding), rule, name, True, False)
         for function, binding, rule, emitted, new_value in self.matches:
             for value in [*(extra.value for extra in emitted), new_value]:
                 for var in reads(value) if value is not None else ():
                     name = _ir.var_name(var)
                     if name in names:
                         is_global = type(var) is relax.GlobalVar
-                        return Culprit(function, _ir.shown_name(binding.var), rule, name, False, is_global)
+                        return Culprit(function, _ir.binding_label(binding), rule, name, False, is_global)
         return None
 
 

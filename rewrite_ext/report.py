@@ -17,7 +17,6 @@ from tvm import relax
 
 from . import _ir
 from .rule import Rule
-from .compat import ty
 
 __all__ = ["RewriteReport", "RuleReport"]
 
@@ -142,7 +141,7 @@ class Recorder:
             self.report.rule(rule).offered += 1
 
     def done(self, rule: Rule, function: str, binding: relax.Binding, kept: bool) -> None:
-        name = _label(binding)
+        name = _ir.binding_label(binding)
         if self.report is not None:
             rule_report = self.report.rule(rule)
             (rule_report.kept if kept else rule_report.rewritten).append((function, name))
@@ -151,7 +150,7 @@ class Recorder:
             logger.debug("%s: binding '%s' %s by rule '%s'", function, name, what, rule.name)
 
     def declined(self, rule: Rule, function: str, binding: relax.Binding, reason: str) -> None:
-        name = _label(binding)
+        name = _ir.binding_label(binding)
         if self.report is not None:
             self.report.rule(rule).declined.append((function, name, reason))
         if self.log:
@@ -161,19 +160,3 @@ class Recorder:
         if self.report is not None:
             passes = self.report.passes
             passes[function] = passes.get(function, 0) + count
-
-
-def _label(binding: relax.Binding) -> str:
-    """The binding's var name; for a void binding (TVMScript names them all ``_``), with its callee."""
-    name = _ir.shown_name(binding.var)
-    if not _ir.is_void(ty(binding.var)):
-        return name
-    value = binding.value
-    callee = ""
-    if isinstance(value, relax.Call):
-        op = value.op
-        callee = getattr(op, "name", "") or getattr(op, "global_symbol", "") or getattr(op, "name_hint", "")
-        args = _ir.elements(value.args)
-        if args and isinstance(args[0], relax.ExternFunc):
-            callee = f"{callee} {args[0].global_symbol}"
-    return f"{name} ({callee})" if callee else name

@@ -144,6 +144,31 @@ def test_rewriter_that_raises_is_reported_with_the_original_exception_chained():
     assert "KeyError" in message and "'b'" in message and "relax.add" in message
 
 
+def test_an_error_names_a_void_binding_by_its_callee_and_a_var_as_tvmscript_spells_it():
+    # TVMScript prints a void binding with no var (they are all `_` when parsed), and the
+    # parameter exported as `fc1.weight` as `fc1_weight`.
+    from rewrite_ext.hexagon import copy_tensor_pattern
+    from rewrite_ext.ops import copy_tensor
+
+    x = relax.Var("fc1.weight", TensorType((16,), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x], pure=False):
+        a = bb.emit(relax.op.builtin.alloc_tensor(relax.ShapeExpr([16]), "float32", 0))
+        bb.emit(copy_tensor(x, a), "_")
+        b = bb.emit(relax.op.add(x, x), "fc1.out")
+        bb.emit_func_output(relax.Tuple([a, b]))
+    mod = bb.get()
+    assert "fc1_weight" in mod.script() and "fc1_out" in mod.script()
+
+    def rewriter(orig, m):
+        raise KeyError("boom")
+
+    with pytest.raises(RewriteError, match=r"binding '_ \(relax\.vm\.copy_tensor\)'"):
+        rewrite_call(copy_tensor_pattern(), rewriter, mod)
+    with pytest.raises(RewriteError, match="binding 'fc1_out'.*returned a void value"):
+        rewrite_call(ADD, lambda orig, m: copy_tensor(m[X], m[Y]), mod)
+
+
 @pytest.mark.parametrize(
     "returned, what", [(42, "an int"), ("R.add(a, b)", "a str"), ([relax.const(1.0)], "a list")]
 )
