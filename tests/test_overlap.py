@@ -1122,11 +1122,11 @@ def test_overlap_report_of_sunk_and_unsunk_ir():
 
 
 # dst's allocation, just before its copy, moves with the transfer: not what stopped it.
-_AFTER_STORAGE = "`storage = relax.vm.alloc_storage` (defines dst's storage)"
+_AFTER_STORAGE = "`storage = R.vm.alloc_storage` (defines dst's storage)"
 
 
 def _reads(name: str) -> str:
-    return f"`{name} = relax.add` (reads dst)"
+    return f"`{name} = R.add` (reads dst)"
 
 
 def test_format_overlap_report():
@@ -1222,7 +1222,7 @@ def test_report_pairs_legacy_waits_by_order_and_shows_copies_without_a_wait():
         "# DMA overlap: 2 dma_copy; 1 overlap other bindings, 1 binding (not DMA builtins) in all; "
         "0 overlap a kernel call",
         "#   unwaited_and_legacy: x -> a on queue 2, 1 binding overlapped, 0 kernel calls (wait inflight 0, legacy wait); "
-        "starts after `b = relax.vm.alloc_tensor`; waited before the copy y -> b",
+        "starts after `b = R.vm.alloc_tensor`; waited before the copy y -> b",
         "#   unwaited_and_legacy: y -> b on queue 0, no wait in its block completes it; starts after a legacy wait",
     ]
 
@@ -1875,5 +1875,5 @@ def test_the_report_completes_transfers_as_the_engine_does_oldest_first():
         ("y", "b", 1, 0, True),
         ("x", "b", 0, 0, False),
     ]
-    assert report[0].stopped_by == "`d = relax.add` (waits with a later transfer of queue 0)"
+    assert report[0].stopped_by == "`d = R.add` (waits with a later transfer of queue 0)"
     assert report[2].stopped_by == "the end of its block"
