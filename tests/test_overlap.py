@@ -1182,6 +1182,24 @@ def test_the_report_names_vars_and_void_calls_as_tvmscript_prints_them():
     assert "_ = " not in printed and "my.kernel" in printed
 
 
+def test_a_call_given_no_tensor_is_not_counted_as_a_kernel():
+    # A trace call, R.call_packed("trace", "name"), computes nothing a transfer overlaps.
+    x = relax.Var("x", TensorType((16,), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x], pure=False):
+        storage = bb.emit(relax.op.vm.alloc_storage(relax.ShapeExpr([128]), 0, "uint8"))
+        a = bb.emit(relax.op.vm.alloc_tensor(storage, 0, relax.ShapeExpr([16]), "float32"))
+        out = bb.emit(relax.op.vm.alloc_tensor(storage, 64, relax.ShapeExpr([16]), "float32"))
+        bb.emit(copy_tensor(x, a))
+        bb.emit(relax.Call(relax.ExternFunc("trace"), [_ir.StringImm("k")], **VOID_TY_ARGS))
+        bb.emit(relax.Call(relax.ExternFunc("my.kernel"), [out], **VOID_TY_ARGS))
+        bb.emit(relax.Call(relax.ExternFunc("my.kernel"), [a, out], **VOID_TY_ARGS))
+        bb.emit_func_output(out)
+    (transfer,) = overlap_report(copy_to_dma(bb.get(), overlap=True))
+    assert transfer.overlapped == 3  # out's allocation, the trace and the first kernel
+    assert transfer.kernels == 1
+
+
 @R.function(pure=False)
 def chained_copies(x: R.Tensor((16,), "float32")) -> R.Tensor((16,), "float32"):
     storage = _storage()

@@ -1100,13 +1100,26 @@ _KERNEL_OPS = frozenset({"relax.call_tir", "relax.call_tir_inplace", "relax.call
 
 
 def _is_kernel(rec: _Rec) -> bool:
+    """Whether ``rec`` calls a kernel: a function, ``call_tir`` or a packed call, given a tensor.
+
+    (A call given no tensor, such as a trace ``R.call_packed("trace", "name")``, computes nothing
+    a transfer could overlap.)
+    """
     if rec.kind in ("copy", "wait") or rec.binding is None:
         return False
     value = rec.binding.value
     if not isinstance(value, relax.Call):
         return False
     op = value.op
-    return isinstance(op, (relax.GlobalVar, relax.ExternFunc)) or (isinstance(op, tvm.ir.Op) and op.name in _KERNEL_OPS)
+    if not (isinstance(op, (relax.GlobalVar, relax.ExternFunc)) or (isinstance(op, tvm.ir.Op) and op.name in _KERNEL_OPS)):
+        return False
+    return any(_holds_tensor(ty(arg)) for arg in value.args)
+
+
+def _holds_tensor(arg_ty: object) -> bool:
+    if isinstance(arg_ty, TupleType):
+        return any(_holds_tensor(field) for field in arg_ty.fields)
+    return isinstance(arg_ty, TensorType)
 
 
 def _what(rec: _Rec) -> str:
