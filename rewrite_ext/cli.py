@@ -237,10 +237,9 @@ def _note(text: str) -> None:
 
 @dataclass
 class _Run:
-    """What --run runs: the function's name in the module and on the VM, and its inputs."""
+    """What --run runs: the function's name on the VM, and its inputs."""
 
     name: str
-    vm_name: str
     inputs: Inputs
 
 
@@ -249,12 +248,11 @@ def _prepare_run(original: tvm.IRModule, args: argparse.Namespace) -> _Run:
     from ._cpu_run import InputError, entry_function, make_inputs
 
     try:
-        vm_name, func = entry_function(original, args.entry, choose="choose one with --entry NAME")
+        name, func = entry_function(original, args.entry, choose="choose one with --entry NAME")
     except ValueError as exc:
         raise CLIError(f"--run: {exc}") from None
-    name = args.entry or next(gv.name_hint for gv, f in original.functions_items() if f.same_as(func))
     try:
-        return _Run(name, vm_name, make_inputs(func, dict(args.bind), seed=args.seed, name=name))
+        return _Run(name, make_inputs(func, dict(args.bind), seed=args.seed, name=name))
     except InputError as exc:
         raise CLIError(str(exc)) from None
 
@@ -276,13 +274,13 @@ def _run_and_compare(original: tvm.IRModule, rewritten: tvm.IRModule, run: _Run)
         try:
             # A module that already holds DMA builtins (rewritten before) runs under the stand-in too.
             with cpu_dma() if calls_dma(original) else contextlib.nullcontext(), vtcm():
-                expected = run_main(original, inputs, run.vm_name)
+                expected = run_main(original, inputs, run.name)
         except Exception as exc:  # noqa: BLE001 - TVM's build or VM, about the input module
             raise CLIError(f"the original module does not run on the CPU: {_first_line(exc)}") from None
     with _progress.step(f"building and running the rewritten {run.name} under cpu_dma()"):
         try:
             with cpu_dma() as dma, vtcm():
-                got = run_main(rewritten, inputs, run.vm_name)
+                got = run_main(rewritten, inputs, run.name)
         except Exception as exc:  # noqa: BLE001 - e.g. DMAError: the rewrite broke the module
             # The original ran: a rewritten module that fails computes something else.
             _note("# outputs equal: False")

@@ -46,7 +46,7 @@ from tvm import relax
 from tvm.relax.dpl import ExternFuncPattern, is_gv
 
 from .. import ops
-from .._ir import StringImm, all_bindings, function_name, shown_name, static_nbytes, var_name
+from .._ir import StringImm, all_bindings, function_name, shown_name, static_nbytes
 from ..rewrite import rewrite_call
 from ..compat import imm_value, sblock_written_params, ty, ty_args
 
