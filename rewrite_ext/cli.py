@@ -288,6 +288,12 @@ def _run_and_compare(original: tvm.IRModule, rewritten: tvm.IRModule, run: _Run)
             return False
     verdict = compare_outputs(expected, got)
     _note(f"# outputs equal: {verdict.equal}")
+    if rewritten.same_as(original):
+        # (A module rewritten before holds no copy_tensor: equal to itself, right or wrong.)
+        _note(
+            "# nothing was rewritten (no R.vm.copy_tensor to take): the module ran against itself, "
+            "which shows only that it builds and runs; compare it with the module before its rewrite"
+        )
     if not verdict.equal:
         _note(f"# {verdict.difference}")
     _note(f"# cpu_dma: {dma.summary()}")

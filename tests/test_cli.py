@@ -78,6 +78,7 @@ def test_run_compares_outputs_and_prints_the_stand_ins_counters():
     assert done.returncode == 0, done.stderr
     assert "# outputs equal: True" in done.stdout
     assert "copies=3 waits=3" in done.stdout and "{2: 1}" in done.stdout
+    assert "nothing was rewritten" not in done.stdout
 
 
 def test_run_allocates_vtcm_storage_on_the_cpu(tmp_path):
@@ -140,6 +141,8 @@ def test_json_on_stdout_stays_json_and_a_rewritten_module_runs_again(tmp_path):
     assert done.returncode == 0, done.stderr
     json.loads(done.stdout)  # the notes went to stderr
     assert "# outputs equal: True" in done.stderr and "# rewrite report" in done.stderr
+    # nothing was rewritten: equal outputs only say the module runs, and the note says so
+    assert "# nothing was rewritten" in done.stderr
 
 
 def test_python_dash_m_and_the_console_script_are_the_same_command():
