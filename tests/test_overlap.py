@@ -1162,19 +1162,30 @@ def test_a_kernel_taking_dst_as_input_is_reported_as_reading_or_writing_it():
     assert transfer.stopped_by == "`k = my.kernel` (reads or writes dst)"
 
 
+def _copy_into_a_then(src_name: str, *calls: tuple[str, list]) -> tvm.IRModule:
+    """``main(src)``: ``a`` and ``out`` in bytes 0-63 and 64-127 of one storage,
+    ``copy_tensor(src, a)``, then a void packed call ``(symbol, args)`` for each of ``calls``,
+    where an arg ``"a"`` or ``"out"`` is that tensor."""
+    src = relax.Var(src_name, TensorType((16,), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [src], pure=False):
+        storage = bb.emit(relax.op.vm.alloc_storage(relax.ShapeExpr([128]), 0, "uint8"))
+        tensors = {
+            name: bb.emit(relax.op.vm.alloc_tensor(storage, offset, relax.ShapeExpr([16]), "float32"))
+            for name, offset in (("a", 0), ("out", 64))
+        }
+        bb.emit(copy_tensor(src, tensors["a"]))
+        for symbol, args in calls:
+            args = [tensors.get(arg, arg) if isinstance(arg, str) else arg for arg in args]
+            bb.emit(relax.Call(relax.ExternFunc(symbol), args, **VOID_TY_ARGS))
+        bb.emit_func_output(tensors["out"])
+    return bb.get()
+
+
 def test_the_report_names_vars_and_void_calls_as_tvmscript_prints_them():
     # nn.Module exports parameters as `fc1.weight`, which TVMScript prints `fc1_weight`; a void
     # call prints as a bare statement, with no `_ =`.
-    x = relax.Var("fc1.weight", TensorType((16,), "float32"))
-    bb = relax.BlockBuilder()
-    with bb.function("main", [x], pure=False):
-        storage = bb.emit(relax.op.vm.alloc_storage(relax.ShapeExpr([128]), 0, "uint8"))
-        a = bb.emit(relax.op.vm.alloc_tensor(storage, 0, relax.ShapeExpr([16]), "float32"))
-        out = bb.emit(relax.op.vm.alloc_tensor(storage, 64, relax.ShapeExpr([16]), "float32"))
-        bb.emit(copy_tensor(x, a))
-        bb.emit(relax.Call(relax.ExternFunc("my.kernel"), [a, out], **VOID_TY_ARGS))
-        bb.emit_func_output(out)
-    scheduled = copy_to_dma(bb.get(), overlap=True)
+    scheduled = copy_to_dma(_copy_into_a_then("fc1.weight", ("my.kernel", ["a", "out"])), overlap=True)
     (transfer,) = overlap_report(scheduled)
     printed = scheduled["main"].script()
     assert transfer.src == "fc1_weight" and "fc1_weight" in printed
@@ -1184,18 +1195,10 @@ def test_the_report_names_vars_and_void_calls_as_tvmscript_prints_them():
 
 def test_a_call_given_no_tensor_is_not_counted_as_a_kernel():
     # A trace call, R.call_packed("trace", "name"), computes nothing a transfer overlaps.
-    x = relax.Var("x", TensorType((16,), "float32"))
-    bb = relax.BlockBuilder()
-    with bb.function("main", [x], pure=False):
-        storage = bb.emit(relax.op.vm.alloc_storage(relax.ShapeExpr([128]), 0, "uint8"))
-        a = bb.emit(relax.op.vm.alloc_tensor(storage, 0, relax.ShapeExpr([16]), "float32"))
-        out = bb.emit(relax.op.vm.alloc_tensor(storage, 64, relax.ShapeExpr([16]), "float32"))
-        bb.emit(copy_tensor(x, a))
-        bb.emit(relax.Call(relax.ExternFunc("trace"), [_ir.StringImm("k")], **VOID_TY_ARGS))
-        bb.emit(relax.Call(relax.ExternFunc("my.kernel"), [out], **VOID_TY_ARGS))
-        bb.emit(relax.Call(relax.ExternFunc("my.kernel"), [a, out], **VOID_TY_ARGS))
-        bb.emit_func_output(out)
-    (transfer,) = overlap_report(copy_to_dma(bb.get(), overlap=True))
+    mod = _copy_into_a_then(
+        "x", ("trace", [_ir.StringImm("k")]), ("my.kernel", ["out"]), ("my.kernel", ["a", "out"])
+    )
+    (transfer,) = overlap_report(copy_to_dma(mod, overlap=True))
     assert transfer.overlapped == 3  # out's allocation, the trace and the first kernel
     assert transfer.kernels == 1
 
