@@ -28,6 +28,11 @@ def shown_name(var: relax.Var) -> str:
     return _NOT_IN_A_NAME.sub("_", var_name(var))
 
 
+def shown_op(op: tvm.ir.Op) -> str:
+    """An operator as TVMScript spells it, for messages and reports: ``R.add``, ``R.vm.alloc_tensor``."""
+    return f"R.{op.name.removeprefix('relax.')}"
+
+
 def binding_label(binding: relax.Binding) -> str:
     """The binding's var name for messages; for a void binding, which TVMScript prints with no
     var (its var is named ``_``), with its callee: ``_ (relax.vm.copy_tensor)``."""

@@ -1134,7 +1134,7 @@ def _what(rec: _Rec) -> str:
     if isinstance(value, relax.Call):
         callee = value.op
         op = (
-            f"R.{callee.name.removeprefix('relax.')}"  # as TVMScript spells it: R.add, R.vm.alloc_tensor
+            _ir.shown_op(callee)
             if isinstance(callee, tvm.ir.Op)
             else getattr(callee, "name_hint", None) or getattr(callee, "global_symbol", None) or _name(callee)
         )

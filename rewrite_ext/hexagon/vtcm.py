@@ -46,7 +46,7 @@ from tvm import relax
 from tvm.relax.dpl import ExternFuncPattern, is_gv
 
 from .. import ops
-from .._ir import StringImm, all_bindings, function_name, shown_name, static_nbytes
+from .._ir import StringImm, all_bindings, function_name, shown_name, shown_op, static_nbytes
 from ..rewrite import rewrite_call
 from ..compat import imm_value, sblock_written_params, ty, ty_args
 
@@ -486,7 +486,7 @@ def _not_lowered(target: relax.Function | tvm.IRModule) -> str | None:
         for b in all_bindings(f):
             op = b.value.op if isinstance(b.value, relax.Call) else None
             if isinstance(op, tvm.ir.Op) and (op.name == "relax.call_tir" or op.get_attr("FLegalize") is not None):
-                return f"R.{op.name.removeprefix('relax.')}"
+                return shown_op(op)
     return None
 
 

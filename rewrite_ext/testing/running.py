@@ -79,11 +79,6 @@ def _as_module(program: relax.Function | tvm.IRModule) -> tvm.IRModule:
     return tvm.IRModule({"main": program.with_attr("global_symbol", "main")})
 
 
-def _entry(mod: tvm.IRModule, entry: str | None = None) -> tuple[str, relax.Function]:
-    """The function to run: its name on the VM and the function (``entry_function``)."""
-    return entry_function(mod, entry)
-
-
 def _has_if(func: relax.Function) -> bool:
     return any(isinstance(b.value, relax.If) for b in _ir.all_bindings(func))
 
@@ -231,7 +226,7 @@ def random_inputs(
     inputs : list
         One input per parameter of ``main``, numpy arrays for tensors.
     """
-    func = _entry(_as_module(program), entry)[1]
+    func = entry_function(_as_module(program), entry)[1]
     rng = np.random.default_rng(seed)
     chosen = dict(sizes or {})
     for name in _symbols(func):
@@ -340,7 +335,7 @@ def run(
         offset), what to do.  A ``DMAError`` of the stand-in is raised as is.
     """
     mod = _as_module(program)
-    vm_name, _ = _entry(mod, entry)
+    vm_name, _ = entry_function(mod, entry)
     if inputs is None:
         inputs = random_inputs(mod, seed, sizes=sizes, entry=entry)
     from ..hexagon.cpu_dma import CPUDMA, DMAError, calls_dma, cpu_dma
@@ -499,7 +494,7 @@ def assert_same_results(
                     problem = f"output {index} differs {difference}"
                     break
     if problem is not None:
-        params = _entry(_as_module(before), entry)[1].params
+        params = entry_function(_as_module(before), entry)[1].params
         shown = "\n".join(f"  {var_name(p)}: {_describe(value)}" for p, value in zip(params, inputs))
         origin = "given" if given else f"random_inputs, seed {seed}"
         sizes_seen = _sizes_of(params, inputs)
