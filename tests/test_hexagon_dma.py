@@ -276,6 +276,18 @@ class _ViaAlias:
         return b
 
 
+@I.ir_module
+class _ViaTupleItem:
+    @R.function(pure=False)
+    def main(x: R.Tensor((16,), "float32")):
+        a = R.builtin.alloc_tensor(R.shape([16]), R.dtype("float32"), R.prim_value(0))
+        R.vm.copy_tensor(x, a)
+        t = (x, a)
+        b = t[1]
+        R.vm.copy_tensor(a, b)
+        return b
+
+
 def _at_offsets(second: int):
     @I.ir_module
     class AtOffsets:
@@ -296,8 +308,14 @@ def _at_offsets(second: int):
 
 @pytest.mark.parametrize(
     "mod, dma_copies, kept",
-    [(_ViaAlias, 1, 0), (_at_offsets(0), 2, 0), (_at_offsets(32), 2, 1), (_at_offsets(64), 3, 0)],
-    ids=["alias", "same-offset", "partly-overlapping", "disjoint"],
+    [
+        (_ViaAlias, 1, 0),
+        (_ViaTupleItem, 1, 0),
+        (_at_offsets(0), 2, 0),
+        (_at_offsets(32), 2, 1),
+        (_at_offsets(64), 3, 0),
+    ],
+    ids=["alias", "tuple item", "same-offset", "partly-overlapping", "disjoint"],
 )
 def test_a_copy_between_the_same_bytes_is_dropped_and_one_between_overlapping_bytes_kept(mod, dma_copies, kept):
     # The engine's result for overlapping src and dst is undefined (cpu_dma() raises): the

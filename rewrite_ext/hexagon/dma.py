@@ -27,7 +27,8 @@ from .. import _ir, ops
 from ..report import RewriteReport
 from ..rewrite import rewrite_call
 from ..rule import Decline
-from ..compat import TY_ARGS, TupleType, imm, imm_value, ty
+from ..compat import TY_ARGS, TupleType, imm, ty
+from ._memory import shared_bytes
 
 __all__ = [
     "CHUNK_BYTES",
@@ -112,79 +113,6 @@ def _chunk_views(
     return views
 
 
-_ALLOC_TENSOR = frozenset({"relax.vm.alloc_tensor", "relax.memory.alloc_tensor"})
-_VARS = frozenset({relax.Var, relax.DataflowVar})
-
-
-def _bound(builder: relax.BlockBuilder, expr: relax.Expr) -> tuple[relax.Expr, relax.Expr | None]:
-    """``expr`` seen through var aliases (``b = a``): the last var and its value, if bound here."""
-    for _ in range(64):  # (an alias chain; this bounds the walk)
-        if type(expr) not in _VARS:
-            break
-        value = builder.lookup_binding(expr)
-        if type(value) not in _VARS:
-            return expr, value
-        expr = value
-    return expr, None
-
-
-def _view_offset(args: list) -> int | None:
-    """The byte offset of ``R.memory.view(tensor, shape, dtype, offset)``, its args read; 0
-    when not given, None when not static."""
-    if len(args) > 3 and not (isinstance(args[3], relax.Tuple) and len(args[3].fields) == 0):
-        return imm_value(args[3])
-    return 0
-
-
-def _op_name(value: relax.Expr | None) -> str | None:
-    if type(value) is relax.Call and isinstance(value.op, tvm.ir.Op):
-        return value.op.name
-    return None
-
-
-def _where(builder: relax.BlockBuilder, tensor: relax.Expr, value: relax.Expr | None) -> tuple[relax.Expr, int | None]:
-    """The memory ``tensor`` (bound to ``value``) starts at: a storage and the byte offset of an
-    ``alloc_tensor`` in it, what a ``R.memory.view`` views and the view's offset, else the
-    tensor itself at 0.  The offset is None where it is not static."""
-    name = _op_name(value)
-    if name in _ALLOC_TENSOR:
-        args = _ir.elements(value.args)
-        return _bound(builder, args[0])[0], imm_value(args[1])
-    if name == "relax.memory.view":
-        args = _ir.elements(value.args)
-        base, at = _where(builder, *_bound(builder, args[0]))
-        offset = _view_offset(args)
-        return base, None if at is None or offset is None else at + offset
-    return tensor, 0
-
-
-def _overlap(builder: relax.BlockBuilder, src: relax.Expr, dst: relax.Expr, nbytes: int) -> str | None:
-    """Whether a copy's src and dst are provably the "same" bytes, or may share "partly" some.
-
-    What the function shows is known: aliases (``b = a``), ``alloc_tensor`` s
-    of one storage and ``R.memory.view`` s of one tensor, at static offsets
-    (at offsets not static, they may share bytes).  Tensors of different
-    storages or parameters are taken to be apart, as the engine takes them.
-    """
-    src, src_value = _bound(builder, src)
-    dst, dst_value = _bound(builder, dst)
-    if src.same_as(dst):
-        return "same"
-    src_op, dst_op = _op_name(src_value), _op_name(dst_value)
-    if src_op != "relax.memory.view" and dst_op != "relax.memory.view" and (
-        src_op not in _ALLOC_TENSOR or dst_op not in _ALLOC_TENSOR
-    ):
-        return None  # (the common case: an allocation, and a parameter or what a kernel wrote)
-    (src_base, src_at), (dst_base, dst_at) = _where(builder, src, src_value), _where(builder, dst, dst_value)
-    if not src_base.same_as(dst_base):
-        return None
-    if src_at is None or dst_at is None:
-        return "partly"
-    if src_at == dst_at:
-        return "same"  # one offset of one piece of memory: the same nbytes bytes
-    return "partly" if abs(src_at - dst_at) < nbytes else None
-
-
 @dataclass(slots=True)
 class _DMA:
     """A DMA builtin's arguments; ``fields`` when read from IR (kept to rebuild a wait)."""
@@ -214,7 +142,7 @@ def _dma_rewriter(
             # A symbolic size may exceed a descriptor, and a split needs static offsets:
             # declining keeps the synchronous copy, which is right for every size.
             raise Decline("the copy's size is not static: kept as the synchronous copy_tensor")
-        overlap = "same" if src.same_as(dst) else _overlap(builder, src, dst, nbytes)
+        overlap = "same" if src.same_as(dst) else shared_bytes(builder.lookup_binding, src, nbytes, dst, nbytes)
         if nbytes == 0 or overlap == "same":
             # A copy of nothing, or of bytes onto themselves (the engine's result would be
             # undefined for overlapping buffers), does nothing: dropped below, no binding.
@@ -386,12 +314,14 @@ def copy_to_dma(
       wait on the whole src and dst.
     - A copy of zero bytes (the builtin refuses one) is removed, and so is
       a copy of bytes onto themselves: ``copy_tensor(a, a)``, a copy between
-      aliases of one tensor (``b = a``), or between two ``alloc_tensor`` s at
-      one static offset of one storage.  It changes nothing, and the engine's
-      result for overlapping buffers is undefined.  A src and dst that share
-      only some bytes (two offsets of one storage closer than the copy's size)
-      stay ``R.vm.copy_tensor``.  Aliases through ``R.match_cast``, tuples
-      or packed calls are not seen.
+      aliases of one tensor (``b = a``, or ``t[0]`` of a ``t = (a, ...)``
+      bound in the function), or between two ``alloc_tensor`` s at one static
+      offset of one storage.  It changes nothing, and the engine's result
+      for overlapping buffers is undefined.  A src and dst that share only
+      some bytes (two offsets of one storage closer than the copy's size)
+      stay ``R.vm.copy_tensor``.  Aliases through ``R.match_cast`` (the
+      builder's binding table does not hold them) or packed calls are not
+      seen.
     - A copy whose byte size is not static is left as ``R.vm.copy_tensor``,
       a synchronous copy that is right for every size.
 

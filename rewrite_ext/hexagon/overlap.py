@@ -83,7 +83,9 @@ from tvm import relax
 from .. import _ir
 from .._gc import cyclic_gc_paused
 from .cpu_dma import MAX_DMA_DESCRIPTORS as RING_DESCRIPTORS
-from .dma import _DMA, _VARS, DMA_COPY, DMA_WAIT, _extern, _imm, _view_offset
+from ._memory import VARS as _VARS
+from ._memory import view_offset as _view_offset
+from .dma import _DMA, DMA_COPY, DMA_WAIT, _extern, _imm
 from ..compat import Constant, PrimType, ShapeType, TensorType, TupleType, imm, imm_value, ret_ty, set_type, ty, ty_args
 
 __all__ = ["TransferOverlap", "format_overlap_report", "overlap_report", "sink_dma_waits"]

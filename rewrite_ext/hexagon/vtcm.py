@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import math
 import numbers
+import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -49,6 +50,7 @@ from .. import ops
 from .._ir import StringImm, all_bindings, function_name, shown_name, shown_op, static_nbytes
 from ..rewrite import rewrite_call
 from ..compat import imm_value, sblock_written_params, ty, ty_args
+from ._memory import ALLOC_TENSOR, shared_bytes
 
 __all__ = [
     "VTCM_BLOCK_BYTES",
@@ -210,9 +212,6 @@ def _written_params(func: tvm.tirx.PrimFunc) -> frozenset[int]:
     return frozenset(range(len(func.params)) if written is None else written)
 
 
-_ALLOC_TENSOR = ("relax.vm.alloc_tensor", "relax.memory.alloc_tensor")
-
-
 def _scope_of(call: relax.Call) -> str | None:
     """The storage scope of an ``alloc_storage`` call (``R.vm`` or ``R.memory``)."""
     if isinstance(call.op, tvm.ir.Op) and call.op.name in ("relax.vm.alloc_storage", "relax.memory.alloc_storage"):
@@ -323,16 +322,18 @@ def _plan_function(
     # Only the function's own blocks: VTCM storages emitted there stay visible to
     # every later block.  Calls inside If branches or local functions are not staged.
     in_vtcm: set[relax.Var] = set()
+    values: dict[relax.Var, relax.Expr] = {}  # what an argument may be an alias or a view of
     calls = []
     for block in func.body.blocks:
         for binding in block.bindings:
             value = binding.value
+            values[binding.var] = value
             if isinstance(value, relax.Var) and value in in_vtcm:
                 in_vtcm.add(binding.var)
             if not isinstance(value, relax.Call):
                 continue
             if _scope_of(value) == VTCM_SCOPE or (
-                isinstance(value.op, tvm.ir.Op) and value.op.name in _ALLOC_TENSOR and value.args[0] in in_vtcm
+                isinstance(value.op, tvm.ir.Op) and value.op.name in ALLOC_TENSOR and value.args[0] in in_vtcm
             ):
                 in_vtcm.add(binding.var)  # a VTCM storage, or a tensor allocated in one
             kernel = _kernel(value, mod)
@@ -340,13 +341,15 @@ def _plan_function(
                 continue
             chosen: dict[relax.Expr, list[int]] = {}
             written = kernel[1] or ()
-            outputs = {value.args[index] for index in written if index < len(value.args)}
+            outputs = [value.args[index] for index in written if index < len(value.args)]
             for index, arg in enumerate(value.args):
-                if arg in in_vtcm or static_nbytes(ty(arg)) in (None, 0):
+                nbytes = static_nbytes(ty(arg))
+                if arg in in_vtcm or nbytes in (None, 0):
                     continue
-                if arg in outputs:
-                    # An output, here or at another position of the same call: copying it in
-                    # would lose what the kernel writes (or what it reads after writing it).
+                if any(_shares_bytes(values, arg, nbytes, out) for out in outputs):
+                    # An output, here or at another position of the same call, or bytes of one:
+                    # copying it in would lose what the kernel writes (or what it reads after
+                    # writing it).
                     continue
                 if select(value, index):
                     chosen.setdefault(arg, []).append(index)
@@ -355,6 +358,12 @@ def _plan_function(
     available = max(0, capacity - _vtcm_in_use(func, capacity))
     sizes, placed = _assign_slots([[c.nbytes for c in choices] for _, choices in calls], available, prefetch)
     return calls, sizes, placed
+
+
+def _shares_bytes(values: dict[relax.Var, relax.Expr], arg: relax.Expr, nbytes: int, out: relax.Expr) -> bool:
+    """Whether ``arg`` may share bytes with ``out``, a tensor the kernel writes."""
+    out_nbytes = static_nbytes(ty(out)) or sys.maxsize  # (a size not static: it may reach anywhere)
+    return shared_bytes(values.get, arg, nbytes, out, out_nbytes) is not None
 
 
 def _arg_name(arg: relax.Expr) -> str:
@@ -513,8 +522,9 @@ def stage_in_vtcm(
     select : Optional[Callable[[relax.Call, int], bool]]
         ``select(call, index)``: whether to stage argument ``index`` of a
         kernel call.  It is asked only about tensor arguments of static size
-        that are not in VTCM already and that the kernel does not write (a
-        staged tensor is copied in, never back).  Default: every such
+        that are not in VTCM already and that share no bytes the function
+        shows with what the kernel writes (a staged tensor is copied in,
+        never back, and would not see those writes).  Default: every such
         argument of a PrimFunc call; none of a ``call_packed``, which may
         write any argument (choose those you know it only reads).
     capacity : Union[int, str, tvm.target.Target, None]
