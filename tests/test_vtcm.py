@@ -536,6 +536,23 @@ def test_gpt_block_staged_in_a_small_vtcm_over_two_queues_equals_the_model():
     assert set(dma.peak_in_flight) == {0, 1}
 
 
+def test_gpt_block_fused_by_tvms_zero_pipeline_staged_with_overlap_equals_the_model():
+    # FuseOps and FuseTIR make kernels of several ops each (fused_matmul_add, ...): what a
+    # Hexagon build runs.  The region analysis must tell their inputs from their outputs.
+    model, params = Block().export_tvm(spec={"forward": {"x": nn.spec.Tensor((1, 8, 32), "float32")}})
+    rng = np.random.default_rng(2)
+    inputs = [rng.standard_normal(s).astype("float32") for s in [(1, 8, 32)] + [tuple(p.shape) for _, p in params]]
+    expected = _run(model, inputs, "forward")
+    lowered = LOWER(relax.get_pipeline("zero")(model))
+    plan = plan_vtcm(lowered)
+    assert any(t.kernel.startswith("fused_") for t in plan.staged) and not plan.left_in_place
+    with cpu_vtcm(), cpu_dma() as dma:
+        got = _run(copy_to_dma(stage_in_vtcm(lowered), overlap=True), inputs, "forward")
+    np.testing.assert_array_equal(got, expected)
+    assert dma.copies == dma.completed == len(plan.staged)
+    assert dma.peak_in_flight[0] >= 2
+
+
 def test_the_example_runs_and_reports():
     with pytest.warns(VTCMCapacityWarning, match="matmul1 argument relu"):
         assert example.main(["--capacity", "36000", "--overlap"]) == 0
