@@ -242,16 +242,20 @@ def sblock_written_params(func: tvm.tirx.PrimFunc) -> set[int] | None:
     if not isinstance(func.body, realize):
         return None
     params = list(func.params)
-    buffer_map = func.buffer_map if hasattr(func, "buffer_map") else {}  # 0.27 has none
+    buffer_map = func.buffer_map if hasattr(func, "buffer_map") else None  # 0.27 has none
     if TYPES:
-        access = {p: p for p in params}
+        # Buffer parameters only: TVM rejects the map with a scalar one (`n: T.int64`).
+        if buffer_map is None:
+            access = {p: p for p in params if not isinstance(p.ty, tvm.ir.PrimType)}
+        else:
+            access = {p: p for p in params if p in buffer_map}
     else:
         access = {buffer.data: buffer for buffer in buffer_map.values()}
     _, writes = get_sblock_read_write_region(func.body.block, access)
     written = [region.source if hasattr(region, "source") else region.buffer for region in writes]
 
     def is_written(param: tvm.tirx.Var) -> bool:
-        buffer = buffer_map.get(param)
+        buffer = buffer_map.get(param) if buffer_map is not None else None
         return any(param.same_as(w) or (buffer is not None and buffer.same_as(w)) for w in written)
 
     return {i for i, p in enumerate(params) if is_written(p)} | _reached_by_pointer(func)

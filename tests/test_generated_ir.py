@@ -12,7 +12,7 @@ into PrimFuncs (``relax_modules``), TVM's own VM-level lowering of them
 2. ``CopyToDMA`` passes ``check_pass`` on lowered modules (``lowered_copy_functions``, and
    TVM-lowered ones with PrimFunc outputs staged through copies): under ``cpu_dma()`` the
    rewritten module computes what the copies computed; TVM-lowered modules without copies come
-   back unchanged.
+   back unchanged. ``stage_in_vtcm`` then ``copy_to_dma`` on TVM-lowered modules does too.
 3. Modules with ``R.Prim``, ``R.Shape``, ``R.Object`` and tuple parameters (every one crashed the
    core before its rebuild, issue 16).
 
@@ -22,6 +22,7 @@ four times the profile's examples for rewriting only, half of them for building 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -35,7 +36,7 @@ from tvm.script import relax as R
 
 from _helpers import Snapshot, binding_kinds, op_name
 from rewrite_ext import rewrite_call
-from rewrite_ext.hexagon import DMA_COPY, DMA_WAIT, CopyToDMA
+from rewrite_ext.hexagon import DMA_COPY, DMA_WAIT, CopyToDMA, VTCMCapacityWarning, copy_to_dma, plan_vtcm, stage_in_vtcm
 from rewrite_ext.testing import check_pass, check_rewrite
 from rewrite_ext.testing.strategies import (
     lowered_copy_functions,
@@ -207,6 +208,31 @@ def test_copy_to_dma_on_tvm_lowered_modules_with_staged_copies(mod, seed):
     assert report.changed == (copies > 0) and report.ran == (copies > 0)
     kinds = binding_kinds(report.output["main"])
     assert kinds["vm.copy_tensor"] == 0 and kinds[DMA_COPY] == kinds[DMA_WAIT] == binding_kinds(mod["main"])["vm.copy_tensor"]
+
+
+@VM_EXAMPLES
+@given(
+    lowered_functions(max_bindings=10, allow_other_params=False),
+    st.sampled_from([0, 256, 4096, 1 << 22]),
+    st.booleans(),
+    st.integers(0, 2**16),
+)
+def test_staging_then_dma_on_tvm_lowered_modules_computes_what_they_compute(mod, capacity, overlap, seed):
+    # The second reference rewrite on TVM's own lowering of generated programs: kernel inputs
+    # staged into VTCM (all, some or none of them fitting), then DMA, run under the stand-ins.
+    plan = plan_vtcm(mod, capacity=capacity)
+    event(f"staged: {'some' if plan.staged else 'none'}, left in place: {'some' if plan.left_in_place else 'none'}")
+
+    def stage_then_dma(m: tvm.IRModule) -> tvm.IRModule:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", VTCMCapacityWarning)
+            return copy_to_dma(stage_in_vtcm(m, capacity=capacity), overlap=overlap)
+
+    report = check_pass(stage_then_dma, mod, seed=seed)
+    assert report.changed == bool(plan.staged)
+    kinds = binding_kinds(report.output["main"])
+    staged = sum(t.function == "main" for t in plan.staged)
+    assert kinds[DMA_COPY] == staged and (0 < kinds[DMA_WAIT] <= staged or staged == 0)  # waits may merge
 
 
 @MORE_EXAMPLES

@@ -363,6 +363,38 @@ def test_an_argument_the_kernel_writes_through_an_alias_or_a_pointer_is_not_stag
 
 
 @I.ir_module
+class ScalarParam:
+    @T.prim_func(private=True, s_tir=True)
+    def scale(a: T.Buffer((8,), "float32"), n: T.int64, b: T.Buffer((8,), "float32")):
+        for i in range(8):
+            with T.sblock("b"):
+                vi = T.axis.spatial(8, i)
+                T.reads(a[vi])
+                T.writes(b[vi])
+                b[vi] = a[vi] * T.Cast("float32", n)
+
+    @R.function
+    def main(x: R.Tensor((8,), "float32")) -> R.Tensor((8,), "float32"):
+        R.func_attr({"relax.force_pure": True})
+        cls = ScalarParam
+        storage = R.vm.alloc_storage(R.shape([32]), R.prim_value(0), R.dtype("uint8"))
+        out = R.vm.alloc_tensor(storage, R.prim_value(0), R.shape([8]), R.dtype("float32"))
+        cls.scale(x, R.prim_value(T.int64(3)), out)
+        return out
+
+
+def test_a_kernel_with_a_scalar_parameter_has_its_tensor_input_staged():
+    # TVM passes symbolic dims to kernels as scalar parameters (`n: T.int64`); asking TVM
+    # which parameters such a kernel writes raised a TypeError (found by the generated-IR test).
+    assert [(t.argument, t.indices) for t in plan_vtcm(ScalarParam).staged] == [("x", (0,))]
+    x = np.arange(8, dtype="float32")
+    with cpu_vtcm(), cpu_dma() as dma:
+        got = _run(copy_to_dma(stage_in_vtcm(ScalarParam)), [x])
+    np.testing.assert_array_equal(got, 3 * x)
+    assert dma.copies == 1
+
+
+@I.ir_module
 class ReadAndWrittenAtOnce:
     @T.prim_func(private=True, s_tir=True)
     def shift_add(a: T.Buffer((16,), "float32"), b: T.Buffer((16,), "float32")):
