@@ -585,6 +585,29 @@ def test_gpt_block_fused_by_tvms_zero_pipeline_staged_with_overlap_equals_the_mo
     assert dma.peak_in_flight[0] >= 2
 
 
+@pytest.mark.parametrize("fuse", [False, True], ids=["unfused", "fused"])
+def test_a_model_with_a_symbolic_batch_has_its_weights_staged_and_equals_the_model(fuse):
+    class MLP(nn.Module):
+        def __init__(self) -> None:
+            self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 8)
+
+        def forward(self, x: nn.Tensor) -> nn.Tensor:
+            return self.fc2(nn.relu(self.fc1(x)))
+
+    model, params = MLP().export_tvm(spec={"forward": {"x": nn.spec.Tensor(("n", 16), "float32")}})
+    rng = np.random.default_rng(3)
+    inputs = [rng.standard_normal(s).astype("float32") for s in [(5, 16)] + [tuple(p.shape) for _, p in params]]
+    expected = _run(model, inputs, "forward")
+    lowered = LOWER(relax.get_pipeline("zero")(model) if fuse else model)
+    plan = plan_vtcm(lowered)
+    # the weights and biases (static), and the transposed weights; never x or what depends on n
+    assert {t.argument for t in plan.staged} == {"fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias", "permute_dims", "permute_dims1"}
+    with cpu_vtcm(), cpu_dma() as dma:
+        got = _run(copy_to_dma(stage_in_vtcm(lowered), overlap=True), inputs, "forward")
+    np.testing.assert_array_equal(got, expected)
+    assert dma.copies == len(plan.staged)
+
+
 def test_the_example_runs_and_reports():
     with pytest.warns(VTCMCapacityWarning, match="matmul1 argument relu"):
         assert example.main(["--capacity", "36000", "--overlap"]) == 0
