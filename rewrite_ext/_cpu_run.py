@@ -19,7 +19,7 @@ import tvm
 import tvm_ffi
 from tvm import relax
 from . import _ir
-from .compat import PrimType, ShapeType, TensorType, TupleType, dtype_name, ty, var_name
+from .compat import PrimType, ShapeType, TensorType, TupleType, dtype_name, ty
 
 __all__ = ["Inputs", "InputError", "Outputs", "compare_outputs", "entry_function", "make_inputs", "run_main"]
 
@@ -203,7 +203,7 @@ def make_inputs(func: relax.Function, bindings: Mapping[str, int], seed: int = 0
         unknown rank), naming it.
     """
     maker = _InputMaker(bindings, np.random.default_rng(seed))
-    values = [maker.make(ty(param), f"{name}'s parameter {var_name(param)!r}") for param in func.params]
+    values = [maker.make(ty(param), f"{name}'s parameter '{_ir.shown_name(param)}'") for param in func.params]
     unknown = sorted(set(bindings) - set(maker.bound))
     if unknown:
         names = ", ".join(sorted(maker.bound)) or "none"

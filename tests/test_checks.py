@@ -144,6 +144,18 @@ def test_outputs_are_compared_nan_aware_and_through_nested_tuples():
     assert "inputs (given):" in str(info.value)
 
 
+def test_a_result_mismatch_names_the_inputs_as_tvmscript_prints_them():
+    # nn.Module exports parameters as `fc1.weight`; errors and reports say `fc1_weight`.
+    weight = relax.Var("fc1.weight", TensorType((4,), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [weight]):
+        bb.emit_func_output(bb.emit(relax.op.add(weight, weight)))
+    func = bb.get()["main"]
+    wrong = relax.dpl.rewrite_call(ADD, lambda orig, m: relax.op.multiply(m[X], relax.const(3.0, "float32")), func)
+    with pytest.raises(ResultMismatch, match=r"(?m)^  fc1_weight: float32\[4\]"):
+        assert_same_results(func, wrong)
+
+
 @R.function(pure=False)
 def reads_at_an_offset(x: R.Tensor((4,), "float32"), y: R.Tensor((4,), "float32")):
     storage = R.vm.alloc_storage(R.shape([64]), 0, "uint8")
@@ -433,7 +445,7 @@ def _checks_trace(name):
     return None
 
 
-def test_check_rewrite_counts_a_binding_kept_after_emitting_as_a_rewrite():
+def test_check_rewrite_counts_a_binding_kept_after_emitting_as_kept_not_as_a_rewrite():
     # The guide's instrumentation: emit a void trace call, return orig to keep the kernel call.
     @R.function
     def main(x: R.Tensor((4,), "float32")) -> R.Tensor((4,), "float32"):
@@ -450,5 +462,5 @@ def test_check_rewrite_counts_a_binding_kept_after_emitting_as_a_rewrite():
         return orig
 
     report = check_rewrite(is_op("relax.call_tir")(varg_default_wildcard=True), trace, mod)
-    assert report.rewrites == 1 and report.ran
+    assert (report.rewrites, report.kept) == (0, 1) and report.ran  # as RewriteReport counts it
     assert "test.checks_trace" in report.output.script()

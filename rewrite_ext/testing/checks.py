@@ -39,11 +39,14 @@ class CheckReport:
     calls: int
     """How often the rewriter was called in the first application."""
     rewrites: int
-    """How many of those calls returned a replacement (did not decline)."""
+    """How many of those calls returned a replacement (neither declined nor kept the match)."""
     output_matches: bool
     """Whether the rewriter was offered a match in its own output."""
     ran: bool = False
     """Whether input and output were run and compared (``run=True`` and the output differs)."""
+    kept: int = 0
+    """How many of those calls returned ``orig`` after emitting: the binding kept, with the
+    emitted bindings before it (``RewriteReport``'s "kept")."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,7 @@ class _Counting:
         self.rewriter = rewriter
         self.calls = 0
         self.rewrites = 0
+        self.kept = 0
 
     def wrapped(self) -> Callable[..., Any]:
         if _takes_builder(self.rewriter):
@@ -87,10 +91,12 @@ class _Counting:
 
     def _count(self, orig: relax.Expr, result: Any, emitted: bool = False) -> Any:
         self.calls += 1
-        if result is not None and (
-            emitted or not (isinstance(result, tvm.runtime.Object) and result.same_as(orig))
-        ):
+        if result is None:
+            return result
+        if not (isinstance(result, tvm.runtime.Object) and result.same_as(orig)):
             self.rewrites += 1
+        elif emitted:
+            self.kept += 1
         return result
 
 
@@ -218,7 +224,7 @@ def check_rewrite(
     again = rewrite_call(pattern, rewriter, func, max_iterations=max_iterations)
     if not _equal(output, again):
         _fail("deterministic", "two runs on the same input differ", _script(output), _script(again))
-    if first.rewrites == 0 and not _equal(output, func):
+    if first.rewrites + first.kept == 0 and not _equal(output, func):
         _fail(
             "no match leaves the input as it was",
             f"the rewriter was called {first.calls} time(s) and declined each, yet the output differs",
@@ -237,7 +243,7 @@ def check_rewrite(
     ran = run and not output.same_as(func)
     if ran:
         _compare("check_rewrite", func, output, inputs, seed, sizes, rtol, atol, entry)
-    return CheckReport(output, first.calls, first.rewrites, second.calls > 0, ran)
+    return CheckReport(output, first.calls, first.rewrites, second.calls > 0, ran, first.kept)
 
 
 def _compare(who: str, before, after, inputs, seed, sizes, rtol, atol, entry) -> None:

@@ -22,7 +22,7 @@ from tvm import relax
 
 from .. import _ir
 from .._cpu_run import entry_function
-from ..compat import PrimType, ShapeType, TensorType, TupleType, dtype_name, ty, var_name
+from ..compat import PrimType, ShapeType, TensorType, TupleType, dtype_name, ty
 
 __all__ = ["Comparison", "ResultMismatch", "RunError", "assert_same_results", "random_inputs", "run"]
 
@@ -495,7 +495,7 @@ def assert_same_results(
                     break
     if problem is not None:
         params = entry_function(_as_module(before), entry)[1].params
-        shown = "\n".join(f"  {var_name(p)}: {_describe(value)}" for p, value in zip(params, inputs))
+        shown = "\n".join(f"  {_ir.shown_name(p)}: {_describe(value)}" for p, value in zip(params, inputs))
         origin = "given" if given else f"random_inputs, seed {seed}"
         sizes_seen = _sizes_of(params, inputs)
         if sizes_seen:
