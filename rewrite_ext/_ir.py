@@ -25,7 +25,12 @@ def shown_name(var: relax.Var) -> str:
     prints as ``fc1_weight``.  (It also numbers a name repeated in one
     function, ``lv_1``; that needs the whole function and is not done here.)
     """
-    return _NOT_IN_A_NAME.sub("_", var_name(var))
+    return spelled(var_name(var))
+
+
+def spelled(name: str) -> str:
+    """A var name as TVMScript prints it (see :func:`shown_name`)."""
+    return _NOT_IN_A_NAME.sub("_", name)
 
 
 def shown_op(op: tvm.ir.Op) -> str:

@@ -219,6 +219,16 @@ def test_select_chooses_among_the_inputs():
     assert seen == [("add", 0), ("add", 1), ("multiply", 0), ("multiply", 1), ("concatenate", 0), ("concatenate", 1), ("concatenate", 2)]
 
 
+def test_a_select_built_from_the_plans_argument_names_chooses_those_arguments():
+    # The plan prints nn's `fc1.weight` as `fc1_weight`; `.argument` is the name select sees.
+    lowered = LOWER(example.export()[0])
+    weights = {t.argument for t in plan_vtcm(lowered).tensors if "weight" in t.argument}
+    assert weights == {"fc1.weight", "fc2.weight"}
+    plan = plan_vtcm(lowered, select=lambda call, i: var_name(call.args[i]) in weights)
+    assert {t.argument for t in plan.staged} == weights
+    assert "transpose argument fc1_weight" in str(plan)
+
+
 @I.ir_module
 class Dynamic:
     @R.function
@@ -601,7 +611,7 @@ def test_a_model_with_a_symbolic_batch_has_its_weights_staged_and_equals_the_mod
     lowered = LOWER(relax.get_pipeline("zero")(model) if fuse else model)
     plan = plan_vtcm(lowered)
     # the weights and biases (static), and the transposed weights; never x or what depends on n
-    assert {t.argument for t in plan.staged} == {"fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias", "permute_dims", "permute_dims1"}
+    assert {t.argument for t in plan.staged} == {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias", "permute_dims", "permute_dims1"}
     with cpu_vtcm(), cpu_dma() as dma:
         got = _run(copy_to_dma(stage_in_vtcm(lowered), overlap=True), inputs, "forward")
     np.testing.assert_array_equal(got, expected)
@@ -691,6 +701,21 @@ def test_a_module_not_lowered_yet_gets_a_warning_that_nothing_was_staged():
     with pytest.warns(VTCMCapacityWarning) as record:  # lowered, nothing fits: only that is said
         stage_in_vtcm(LowerToVMIR()(High), capacity=0)
     assert not [w for w in record if "not lowered" in str(w.message)]
+
+
+def test_a_lowered_module_with_nothing_to_stage_gets_no_not_lowered_warning():
+    # LowerToVMIR leaves R.reshape (RewriteDataflowReshape); every tensor here is symbolic, so
+    # nothing is staged, and the module is lowered: no warning at all.
+    class Reshaping(nn.Module):
+        def forward(self, x: nn.Tensor) -> nn.Tensor:
+            return nn.op.relu(nn.op.reshape(x, (2, -1)))
+
+    model, _ = Reshaping().export_tvm(spec={"forward": {"x": nn.spec.Tensor((2, "n", 4), "float32")}})
+    lowered = LowerToVMIR()(model)
+    assert "R.reshape" in lowered.script()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert stage_in_vtcm(lowered).same_as(lowered)
 
 
 def test_lower_to_vm_ir_gives_the_ir_staging_works_on_and_changes_nothing_on_its_own_output():

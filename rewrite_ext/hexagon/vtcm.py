@@ -47,9 +47,9 @@ from tvm import relax
 from tvm.relax.dpl import ExternFuncPattern, is_gv
 
 from .. import ops
-from .._ir import StringImm, all_bindings, function_name, shown_name, shown_op, static_nbytes
+from .._ir import StringImm, all_bindings, function_name, shown_op, spelled, static_nbytes
 from ..rewrite import rewrite_call
-from ..compat import imm_value, sblock_written_params, ty, ty_args
+from ..compat import imm_value, sblock_written_params, ty, ty_args, var_name
 from ._memory import ALLOC_TENSOR, shared_bytes
 
 __all__ = [
@@ -136,7 +136,9 @@ class StagedTensor:
     kernel : str
         The callee: a PrimFunc's name or a packed function's symbol.
     argument : str
-        The argument as printed (a var's name).
+        The argument's var name, as ``select`` sees it
+        (``rewrite_ext.compat.var_name(call.args[i])``: ``fc1.weight`` for an
+        ``nn.Module`` parameter); printed as TVMScript spells it (``fc1_weight``).
     indices : tuple[int, ...]
         Its positions among the call's arguments (more than one when the
         same tensor is passed twice; it is staged once).
@@ -155,7 +157,7 @@ class StagedTensor:
 
     def __str__(self) -> str:
         where = f"slot {self.slot}" if self.slot is not None else "left in place"
-        return f"{self.function}: {self.kernel} argument {self.argument} ({self.nbytes} bytes): {where}"
+        return f"{self.function}: {self.kernel} argument {spelled(self.argument)} ({self.nbytes} bytes): {where}"
 
 
 @dataclass(frozen=True)
@@ -367,7 +369,7 @@ def _shares_bytes(values: dict[relax.Var, relax.Expr], arg: relax.Expr, nbytes: 
 
 
 def _arg_name(arg: relax.Expr) -> str:
-    return shown_name(arg) if isinstance(arg, relax.Var) else type(arg).__name__
+    return var_name(arg) if isinstance(arg, relax.Var) else type(arg).__name__
 
 
 def plan_vtcm(
@@ -485,16 +487,23 @@ def LowerToVMIR() -> tvm.transform.Pass:  # noqa: N802 - TVM names passes in Cam
     )
 
 
+# RewriteDataflowReshape turns reshape kernels back into R.reshape, which the VM's builtin
+# lowering takes at build time: LowerToVMIR's output holds it.
+_LOWERED_LEAVES = frozenset({"relax.reshape"})
+
+
 def _not_lowered(target: relax.Function | tvm.IRModule) -> str | None:
     """What shows ``target`` is not lowered to VM-level IR yet (an ``R.call_tir``, or an
-    operator LegalizeOps would legalize), else None."""
+    operator LegalizeOps would legalize that LowerToVMIR does not leave), else None."""
     functions = [target] if isinstance(target, relax.Function) else [
         f for _, f in target.functions_items() if isinstance(f, relax.Function)
     ]
     for f in functions:
         for b in all_bindings(f):
             op = b.value.op if isinstance(b.value, relax.Call) else None
-            if isinstance(op, tvm.ir.Op) and (op.name == "relax.call_tir" or op.get_attr("FLegalize") is not None):
+            if not isinstance(op, tvm.ir.Op) or op.name in _LOWERED_LEAVES:
+                continue
+            if op.name == "relax.call_tir" or op.get_attr("FLegalize") is not None:
                 return shown_op(op)
     return None
 
