@@ -618,6 +618,30 @@ def test_a_model_with_a_symbolic_batch_has_its_weights_staged_and_equals_the_mod
     assert dma.copies == len(plan.staged)
 
 
+def test_a_kernel_reading_a_parameter_does_not_hold_back_the_transfer_of_another():
+    # A kernel writes only what TVM's region analysis says it writes.  Before, each kernel call
+    # counted as writing all its arguments; parameters may alias each other, so `multiply(x,
+    # w_vtcm, out)` "wrote" v's source, and v's transfer could not start before it.
+    class ScaleShift(nn.Module):
+        def __init__(self) -> None:
+            self.w, self.v = nn.Parameter((64,), "float32"), nn.Parameter((64,), "float32")
+
+        def forward(self, x: nn.Tensor) -> nn.Tensor:
+            return x * self.w + self.v
+
+    model, _ = ScaleShift().export_tvm(spec={"forward": {"x": nn.spec.Tensor(("n", 64), "float32")}})
+    rng = np.random.default_rng(4)
+    inputs = [rng.standard_normal(s).astype("float32") for s in [(3, 64), (64,), (64,)]]
+    scheduled = copy_to_dma(stage_in_vtcm(LOWER(model), prefetch=True), overlap=True)
+    report = {t.src: t for t in overlap_report(scheduled)}
+    assert report["v"].kernels == 1 and "multiply" not in report["v"].starts_after
+    assert report["w"].stopped_by.endswith("(reads dst)")
+    with cpu_vtcm(), cpu_dma() as dma:
+        got = _run(scheduled, inputs, "forward")
+    np.testing.assert_array_equal(got, _run(model, inputs, "forward"))
+    assert dma.peak_in_flight[0] == 2
+
+
 def test_the_example_runs_and_reports():
     with pytest.warns(VTCMCapacityWarning, match="matmul1 argument relu"):
         assert example.main(["--capacity", "36000", "--overlap"]) == 0

@@ -1,4 +1,4 @@
-"""Where a tensor's bytes are, as far as the IR shows it.
+"""Where a tensor's bytes are, and which of them a kernel writes, as far as the IR shows it.
 
 ``copy_to_dma`` asks it whether a copy's src and dst are the same bytes
 (the engine's result is undefined for overlapping buffers); ``stage_in_vtcm``
@@ -10,10 +10,14 @@ storages, and parameters, are taken to be apart, as the engine takes them.
 
 ``lookup`` gives the value a var is bound to (None if unknown): the
 builder's ``lookup_binding`` during a rewrite, a dict's ``get`` otherwise.
+
+``written_params`` tells ``stage_in_vtcm`` which arguments it must not stage
+and the overlap schedule which a kernel call may write.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Literal
 
@@ -21,7 +25,7 @@ import tvm
 from tvm import relax
 
 from .. import _ir
-from ..compat import imm_value
+from ..compat import imm_value, sblock_written_params
 
 Lookup = Callable[[relax.Var], "relax.Expr | None"]
 
@@ -100,3 +104,10 @@ def shared_bytes(
     if a_at == b_at and a_nbytes == b_nbytes:
         return "same"  # one offset of one piece of memory, as many bytes
     return "partly" if a_at < b_at + b_nbytes and b_at < a_at + a_nbytes else None
+
+
+@functools.lru_cache(maxsize=1024)  # a model calls each kernel many times
+def written_params(func: tvm.tirx.PrimFunc) -> frozenset[int]:
+    """The indices of the PrimFunc parameters it may write (all, when it cannot tell)."""
+    written = sblock_written_params(func)
+    return frozenset(range(len(func.params)) if written is None else written)

@@ -85,6 +85,7 @@ from .._gc import cyclic_gc_paused
 from .cpu_dma import MAX_DMA_DESCRIPTORS as RING_DESCRIPTORS
 from ._memory import VARS as _VARS
 from ._memory import view_offset as _view_offset
+from ._memory import written_params
 from .dma import _DMA, DMA_COPY, DMA_WAIT, _extern, _imm
 from ..compat import Constant, PrimType, ShapeType, TensorType, TupleType, imm, imm_value, ret_ty, set_type, ty, ty_args
 
@@ -268,6 +269,8 @@ class _Reader:
         self.copies_read = 0
         self.closures: dict[int, bool] = {}  # local function var -> whether it issues dma_copy s
         self.callees: dict[str, bool] = {}  # the same of the module's functions, by name
+        self.kernels: dict[str, frozenset[int] | None] = {}  # PrimFunc name -> what it may write
+        self.module_names = {gv.name_hint for gv in module.get_global_vars()} if module is not None else set()
         self.storages: set[int] = set()
         self.roots = itertools.count(1)
         # Parameters: their caller holds them, so KillAfterLastUse never frees them here.
@@ -458,7 +461,23 @@ class _Reader:
         if self._may_issue_dma(call):
             kind = "issues dma"
             self.copies_read += 1  # so that a scope holding this call issues DMA too
-        return _Rec(binding, kind, var, uses, touched, touched)
+        writes = touched
+        written = self._kernel_writes(call.op)
+        if written is not None:
+            # A PrimFunc writes only the parameters its body may write (TVM's region analysis,
+            # as stage_in_vtcm asks it): reading a transfer's src, it need not wait for it.
+            writes = self.union([args[i] for i in written if i < len(args)])
+        return _Rec(binding, kind, var, uses, touched, writes)
+
+    def _kernel_writes(self, op: object) -> frozenset[int] | None:
+        """The arguments a call of ``op`` may write, if ``op`` names a PrimFunc of the module."""
+        if type(op) is not relax.GlobalVar or self.module is None:
+            return None
+        name = op.name_hint
+        if name not in self.kernels:
+            func = self.module[name] if name in self.module_names else None
+            self.kernels[name] = written_params(func) if isinstance(func, tvm.tirx.PrimFunc) else None
+        return self.kernels[name]
 
     def _may_issue_dma(self, call: relax.Call) -> bool:
         """Whether ``call`` may run ``dma_copy`` s of its own (kernels and packed functions
@@ -1166,7 +1185,7 @@ def _why(rec: _Rec, src: tuple, dst: tuple, defines: tuple, leaf) -> str | None:
         return "writes src"
     reads_dst = _may_alias(read_regions, dst)
     if _may_alias(written_regions, dst):
-        # A kernel or packed call is taken to write every argument it may read.
+        # A packed call is taken to write every argument it may read.
         return "reads or writes dst" if reads_dst else "writes dst"
     return "reads dst" if reads_dst else None
 

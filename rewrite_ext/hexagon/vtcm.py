@@ -30,7 +30,6 @@ knows no ``global.vtcm`` scope.
 
 from __future__ import annotations
 
-import functools
 import math
 import numbers
 import sys
@@ -49,8 +48,8 @@ from tvm.relax.dpl import ExternFuncPattern, is_gv
 from .. import ops
 from .._ir import StringImm, all_bindings, function_name, shown_op, spelled, static_nbytes
 from ..rewrite import rewrite_call
-from ..compat import imm_value, sblock_written_params, ty, ty_args, var_name
-from ._memory import ALLOC_TENSOR, shared_bytes
+from ..compat import imm_value, ty, ty_args, var_name
+from ._memory import ALLOC_TENSOR, shared_bytes, written_params
 
 __all__ = [
     "VTCM_BLOCK_BYTES",
@@ -207,13 +206,6 @@ class VTCMPlan:
 # -- planning ----------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=1024)  # a model calls each kernel many times
-def _written_params(func: tvm.tirx.PrimFunc) -> frozenset[int]:
-    """The indices of the PrimFunc parameters it may write (all, when it cannot tell)."""
-    written = sblock_written_params(func)
-    return frozenset(range(len(func.params)) if written is None else written)
-
-
 def _scope_of(call: relax.Call) -> str | None:
     """The storage scope of an ``alloc_storage`` call (``R.vm`` or ``R.memory``)."""
     if isinstance(call.op, tvm.ir.Op) and call.op.name in ("relax.vm.alloc_storage", "relax.memory.alloc_storage"):
@@ -224,7 +216,7 @@ def _scope_of(call: relax.Call) -> str | None:
 def _kernel(call: relax.Call, mod: tvm.IRModule) -> tuple[str, frozenset[int] | None] | None:
     """The callee's name and the arguments it may write (None: unknown), if a kernel call."""
     if isinstance(call.op, relax.GlobalVar) and isinstance(mod[call.op], tvm.tirx.PrimFunc):
-        return call.op.name_hint, _written_params(mod[call.op])
+        return call.op.name_hint, written_params(mod[call.op])
     if isinstance(call.op, relax.ExternFunc):  # R.call_packed: what it writes is unknown
         return str(call.op.global_symbol), None
     return None
