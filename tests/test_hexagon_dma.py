@@ -230,6 +230,10 @@ def test_a_copy_larger_than_a_descriptor_becomes_chunks_on_one_queue_with_one_wa
     (wait,) = [args for name, args in calls if name == "dma_wait"]
     assert [imm_value(v) for v in wait[:3]] == [4, 0, 1]
     assert wait[3].same_as(out.params[0])  # the wait carries the whole src and dst
+    # each view named after what it views, so reports say `x_chunk1 -> out_chunk1`
+    dst = var_name(wait[4])
+    view_names = [var_name(b.var) for b in out.body.blocks[0].bindings if "memory.view" in str(b.value.op)]
+    assert view_names == ["x_chunk0", "x_chunk1", f"{dst}_chunk0", f"{dst}_chunk1"]
 
 
 def test_a_copy_of_exactly_one_descriptor_is_not_split():

@@ -104,12 +104,14 @@ def _copy_nbytes(src: relax.Expr, dst: relax.Expr) -> int | None:
 def _chunk_views(
     builder: relax.BlockBuilder, tensor: relax.Expr, nbytes: int
 ) -> list[relax.Expr]:
-    """Flat ``uint8`` views of ``tensor``, ``CHUNK_BYTES`` each (the last one shorter)."""
+    """Flat ``uint8`` views of ``tensor``, ``CHUNK_BYTES`` each (the last one shorter), named
+    after it (``w_chunk0``, ...) so that reports and the printed IR say what each one moves."""
     views = []
-    for offset in range(0, nbytes, CHUNK_BYTES):
+    name = _ir.var_name(tensor) if isinstance(tensor, relax.Var) else "tensor"
+    for index, offset in enumerate(range(0, nbytes, CHUNK_BYTES)):
         size = min(CHUNK_BYTES, nbytes - offset)
         view = relax.op.memory.view(tensor, relax.ShapeExpr([size]), "uint8", _imm(offset))
-        views.append(builder.emit(view))
+        views.append(builder.emit(view, name_hint=f"{name}_chunk{index}"))
     return views
 
 
