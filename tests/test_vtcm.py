@@ -171,6 +171,24 @@ def test_zero_capacity_changes_nothing_and_reports_every_tensor():
     assert staged.same_as(TINY)  # nothing staged: the input itself, as rewrite_call gives it
 
 
+def test_the_capacity_warning_names_the_function_that_needs_the_most_vtcm():
+    class Two(nn.Module):
+        def __init__(self) -> None:
+            self.a, self.b = nn.Linear(8, 8), nn.Linear(64, 64)
+
+        def small(self, x: nn.Tensor) -> nn.Tensor:
+            return self.a(x)
+
+        def large(self, x: nn.Tensor) -> nn.Tensor:
+            return self.b(x)
+
+    spec = {"small": {"x": nn.spec.Tensor((1, 8), "float32")}, "large": {"x": nn.spec.Tensor((1, 64), "float32")}}
+    lowered = LOWER(Two().export_tvm(spec=spec)[0])
+    needed = max(sum(_blocks(s) for s in sizes) for sizes in plan_vtcm(lowered).slots.values())
+    with pytest.warns(VTCMCapacityWarning, match=rf"would take {needed} bytes \(function 'large'\)"):
+        stage_in_vtcm(lowered, capacity=0)
+
+
 @pytest.mark.parametrize(
     "target, capacity",
     [("qcom/hexagon-v68", 4 << 20), ("qcom/hexagon-v73", 8 << 20), ("qcom/hexagon-v75", 8 << 20), ("qcom/hexagon-v66", 256 << 10)],

@@ -559,12 +559,14 @@ def stage_in_vtcm(
     plan = plan_vtcm(target, select=select, capacity=capacity, prefetch=prefetch)
     if plan.left_in_place:
         every = plan_vtcm(target, select=select, capacity=2**62, prefetch=prefetch)
-        needed = max(_vtcm_bytes(sizes) for sizes in every.slots.values())
+        # VTCM is planned per function: the most any one function needs, named when several.
+        needed, neediest = max((_vtcm_bytes(sizes), name) for name, sizes in every.slots.items())
+        where = f" (function '{neediest}')" if len(every.slots) > 1 else ""
         warnings.warn(
             f"stage_in_vtcm: {len(plan.left_in_place)} tensor(s) do not fit in {plan.capacity} bytes of "
             "VTCM beside the slots already planned (a call's tensors take slots of their own, each "
             f"slot as large as its largest tensor and counted in whole {VTCM_BLOCK_BYTES}-byte blocks, "
-            f"as TVM's VTCM allocator hands it out; staging all of them would take {needed} bytes, "
+            f"as TVM's VTCM allocator hands it out; staging all of them would take {needed} bytes{where}, "
             "beside any VTCM the function allocates itself) and stay where they are: "
             + "; ".join(str(t) for t in plan.left_in_place),
             VTCMCapacityWarning,
