@@ -160,6 +160,13 @@ def _parser() -> argparse.ArgumentParser:
         help="the DMA queue, 0 to 8 (default 0; queue 9 is the runtime's)",
     )
     rewrite.add_argument(
+        "--num-queues",
+        type=int,
+        default=1,
+        metavar="K",
+        help="spread the copies over queues N to N+K-1, round robin (default 1; at most queue 8)",
+    )
+    rewrite.add_argument(
         "--legacy-wait", action="store_true", help="emit the two-argument dma_wait(queue, 0) of older runtimes"
     )
     rewrite.add_argument(
@@ -209,6 +216,12 @@ def _check_arguments(args: argparse.Namespace) -> None:
     if args.queue_id not in USER_QUEUES:
         raise CLIError(
             f"--queue-id {args.queue_id} is not a user DMA queue: use 0 to 8 (queue 9 is the runtime's own)"
+        )
+    last = args.queue_id + args.num_queues - 1
+    if args.num_queues < 1 or last not in USER_QUEUES:
+        raise CLIError(
+            f"--num-queues {args.num_queues} from --queue-id {args.queue_id} uses queues outside 0 to 8: "
+            f"use --num-queues 1 to {max(1, 9 - args.queue_id)} (queue 9 is the runtime's own)"
         )
     if args.bind and not args.run:
         raise CLIError("--bind sets inputs of --run; add --run or drop --bind")
@@ -314,7 +327,12 @@ def _dma(args: argparse.Namespace) -> int:
     report = RewriteReport() if args.report else None
     with _progress.step("rewriting"):
         rewritten = copy_to_dma(
-            original, queue_id=args.queue_id, legacy_wait=args.legacy_wait, overlap=args.overlap, report=report
+            original,
+            queue_id=args.queue_id,
+            num_queues=args.num_queues,
+            legacy_wait=args.legacy_wait,
+            overlap=args.overlap,
+            report=report,
         )
     out_format = _output_format(args)
     if args.output:

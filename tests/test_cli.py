@@ -489,6 +489,16 @@ def test_a_queue_outside_the_users_queues_gets_one_line(queue):
     assert_one_error_line(cli("dma", EXAMPLE, "--queue-id", queue), f"--queue-id {queue}", "0 to 8")
 
 
+def test_num_queues_spreads_the_copies_over_queues_and_a_range_past_8_gets_one_line(tmp_path):
+    out = tmp_path / "out.py"
+    done = cli("dma", EXAMPLE, "-o", out, "--queue-id", "3", "--num-queues", "2", "--overlap")
+    assert done.returncode == 0, done.stderr
+    expected = copy_to_dma(load_module(str(EXAMPLE)), queue_id=3, num_queues=2, overlap=True)
+    tvm.ir.assert_structural_equal(load_module(str(out)), expected)
+    assert "on queue 4" in done.stdout  # the overlap report: the second copy went to queue 4
+    assert_one_error_line(cli("dma", EXAMPLE, "--queue-id", "8", "--num-queues", "2"), "--num-queues 2", "queues outside 0 to 8")
+
+
 def test_a_copy_in_a_pure_function_gets_the_rewrite_error_in_one_line(tmp_path):
     path = module_file(
         tmp_path,
