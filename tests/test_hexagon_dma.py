@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import tvm
@@ -11,7 +13,7 @@ from tvm.script import relax as R
 
 import rewrite_ext  # noqa: F401 - registers R.vm.copy_tensor
 from rewrite_ext import RewriteError, rewrite_call
-from rewrite_ext.hexagon import CopyToDMA, copy_tensor_pattern, copy_to_dma, cpu_dma, sink_dma_waits
+from rewrite_ext.hexagon import CopyToDMA, DMAChunkWarning, copy_tensor_pattern, copy_to_dma, cpu_dma, sink_dma_waits
 from rewrite_ext.hexagon.dma import CHUNK_BYTES, MAX_DESCRIPTOR_BYTES
 from rewrite_ext.ops import copy_tensor
 from rewrite_ext.compat import VOID_TY_ARGS, TensorType, TupleType, imm_value, ret_ty, ty, var_name
@@ -214,7 +216,8 @@ def _builtin_calls(func: relax.Function) -> list[tuple[str, list]]:
 
 def test_a_copy_larger_than_a_descriptor_becomes_chunks_on_one_queue_with_one_wait():
     big = 17 * 2**20 // 4  # 17 MiB of float32: more than 2**24 - 1 bytes
-    out = copy_to_dma(_copy_of(big), queue_id=4)["main"]
+    with pytest.warns(DMAChunkWarning, match=r"1 copy\(ies\) .* x \(17825792 bytes\)\. TVM 0\.27's .* byte_offset"):
+        out = copy_to_dma(_copy_of(big), queue_id=4)["main"]
     relax.analysis.well_formed(out)
     calls = _builtin_calls(out)
     assert [name for name, _ in calls] == ["view", "view", "view", "view", "dma_copy", "dma_copy", "dma_wait"]
@@ -237,9 +240,12 @@ def test_a_copy_larger_than_a_descriptor_becomes_chunks_on_one_queue_with_one_wa
 
 
 def test_a_copy_of_exactly_one_descriptor_is_not_split():
-    out = copy_to_dma(_copy_of(MAX_DESCRIPTOR_BYTES, "uint8"))["main"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DMAChunkWarning)
+        out = copy_to_dma(_copy_of(MAX_DESCRIPTOR_BYTES, "uint8"))["main"]
     assert [name for name, _ in _builtin_calls(out)] == ["dma_copy", "dma_wait"]
-    out = copy_to_dma(_copy_of(MAX_DESCRIPTOR_BYTES + 1, "uint8"))["main"]
+    with pytest.warns(DMAChunkWarning):
+        out = copy_to_dma(_copy_of(MAX_DESCRIPTOR_BYTES + 1, "uint8"))["main"]
     assert [name for name, _ in _builtin_calls(out)].count("dma_copy") == 2
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .cpu_dma import CPUDMA, DMAError, cpu_dma
-from .dma import DMA_COPY, DMA_WAIT, CopyToDMA, copy_tensor_pattern, copy_to_dma
+from .dma import DMA_COPY, DMA_WAIT, CopyToDMA, DMAChunkWarning, copy_tensor_pattern, copy_to_dma
 from .overlap import TransferOverlap, format_overlap_report, overlap_report, sink_dma_waits
 from .vtcm import (
     CPUVTCM,
@@ -27,6 +27,7 @@ __all__ = [
     "VTCM_BLOCK_BYTES",
     "VTCM_SCOPE",
     "CopyToDMA",
+    "DMAChunkWarning",
     "DMAError",
     "LowerToVMIR",
     "StagedTensor",

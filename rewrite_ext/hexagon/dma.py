@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import itertools
 import numbers
+import warnings
 from dataclasses import dataclass
 from collections.abc import Callable, Iterator
 
@@ -33,6 +34,7 @@ from ._memory import shared_bytes
 __all__ = [
     "CHUNK_BYTES",
     "CopyToDMA",
+    "DMAChunkWarning",
     "DMA_COPY",
     "DMA_WAIT",
     "MAX_DESCRIPTOR_BYTES",
@@ -92,6 +94,11 @@ MAX_DESCRIPTOR_BYTES = (1 << 24) - 1
 CHUNK_BYTES = MAX_DESCRIPTOR_BYTES - MAX_DESCRIPTOR_BYTES % 64
 
 
+class DMAChunkWarning(UserWarning):
+    """A copy larger than one descriptor was split into chunks at byte offsets, which TVM
+    0.27's ``dma_copy`` on a device does not honour (see :func:`copy_to_dma`)."""
+
+
 def _copy_nbytes(src: relax.Expr, dst: relax.Expr) -> int | None:
     """The bytes a copy moves when either side's type fixes them, else None."""
     for side in (src, dst):
@@ -132,7 +139,12 @@ def _vars(*exprs: relax.Expr) -> tuple:
 
 
 def _dma_rewriter(
-    queues: Iterator[int], bypass_cache: bool, legacy_wait: bool, dropped: list[relax.Expr], known: dict | None
+    queues: Iterator[int],
+    bypass_cache: bool,
+    legacy_wait: bool,
+    dropped: list[relax.Expr],
+    chunked: list[str],
+    known: dict | None,
 ) -> Callable[[relax.Expr, dict, relax.BlockBuilder], relax.Expr | None]:
     """The rewriter for :func:`copy_tensor_pattern`, the example to read."""
 
@@ -161,6 +173,7 @@ def _dma_rewriter(
             # One descriptor carries at most 2**24 - 1 bytes: one dma_copy per chunk, all on
             # one queue, covered by the single wait below.
             pairs = list(zip(_chunk_views(builder, src, nbytes), _chunk_views(builder, dst, nbytes)))
+            chunked.append(f"{_ir.shown_name(src) if isinstance(src, relax.Var) else 'a tensor'} ({nbytes} bytes)")
         copies = [_builtin(DMA_COPY, [s, d, _imm(queue), _imm(bypass_cache)]) for s, d in pairs]
         if known is not None:
             # What the overlap pass would read back, so it need not: reading IR fields costs
@@ -313,7 +326,8 @@ def copy_to_dma(
       static size becomes one ``dma_copy`` per chunk of ``CHUNK_BYTES``
       (``2**24 - 64``), between flat ``uint8`` ``R.memory.view`` s of src and
       dst at the chunk's byte offset, all on one queue, followed by a single
-      wait on the whole src and dst.
+      wait on the whole src and dst.  A :class:`DMAChunkWarning` says so:
+      TVM 0.27's ``dma_copy`` on a device ignores a view's ``byte_offset``.
     - A copy of zero bytes (the builtin refuses one) is removed, and so is
       a copy of bytes onto themselves: ``copy_tensor(a, a)``, a copy between
       aliases of one tensor (``b = a``, or ``t[0]`` of a ``t = (a, ...)``
@@ -344,10 +358,22 @@ def copy_to_dma(
     queue_id, num_queues, bypass_cache = int(queue_id), int(num_queues), bool(bypass_cache)
     queues = itertools.cycle(range(queue_id, queue_id + num_queues))
     dropped: list[relax.Expr] = []
+    chunked: list[str] = []
     known: dict | None = {} if overlap else None
-    rewriter = _dma_rewriter(queues, bypass_cache, legacy_wait, dropped, known)
+    rewriter = _dma_rewriter(queues, bypass_cache, legacy_wait, dropped, chunked, known)
     # The output holds no copy_tensor it can rewrite: one pass, and no confirming one.
     result = rewrite_call(copy_tensor_pattern(), rewriter, target, max_iterations=1, report=report)
+    if chunked:
+        warnings.warn(
+            f"copy_to_dma: {len(chunked)} copy(ies) larger than one descriptor ({MAX_DESCRIPTOR_BYTES} "
+            f"bytes) became chunks, views at byte offsets: {', '.join(chunked)}. TVM 0.27's "
+            "vm.builtin.hexagon.dma_copy passes each tensor's data pointer without its byte_offset, "
+            "so on a device every chunk but the first would move the wrong bytes (cpu_dma() honours "
+            "byte_offset). Keep tensors copied by DMA within one descriptor, or use a runtime whose "
+            "dma_copy adds byte_offset",
+            DMAChunkWarning,
+            stacklevel=2,
+        )
     if dropped:
         result = _drop_bindings_of(result, dropped)
     if overlap:
