@@ -15,6 +15,7 @@ import difflib
 import os
 import re
 import sys
+import warnings
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -217,11 +218,15 @@ def _check_arguments(args: argparse.Namespace) -> None:
         raise CLIError(
             f"--queue-id {args.queue_id} is not a user DMA queue: use 0 to 8 (queue 9 is the runtime's own)"
         )
+    if args.num_queues < 1:
+        raise CLIError(f"--num-queues {args.num_queues}: the copies need at least 1 queue")
     last = args.queue_id + args.num_queues - 1
-    if args.num_queues < 1 or last not in USER_QUEUES:
+    if last not in USER_QUEUES:
+        most = 9 - args.queue_id
+        fix = f"use --num-queues 1 to {most}" if most > 1 else "only --num-queues 1 fits"
         raise CLIError(
-            f"--num-queues {args.num_queues} from --queue-id {args.queue_id} uses queues outside 0 to 8: "
-            f"use --num-queues 1 to {max(1, 9 - args.queue_id)} (queue 9 is the runtime's own)"
+            f"--num-queues {args.num_queues} from --queue-id {args.queue_id} uses queues up to {last}, "
+            f"past 8: {fix}, or a lower --queue-id (queue 9 is the runtime's own)"
         )
     if args.bind and not args.run:
         raise CLIError("--bind sets inputs of --run; add --run or drop --bind")
@@ -238,6 +243,11 @@ def _say(text: str) -> None:
 # Set when the module itself goes to stdout as JSON: the `# ...` notes (run verdict, reports)
 # then go to stderr, so that stdout stays valid JSON.
 _NOTES_TO_STDERR = False
+
+
+def _show_warning(message: Warning | str, category: type[Warning], *_args: object, **_kwargs: object) -> None:
+    """A warning (``DMAChunkWarning``, say) as one line, as the CLI's errors are; no source line."""
+    print(f"rewrite-ext: warning: {category.__name__}: {message}", file=sys.stderr)
 
 
 def _note(text: str) -> None:
@@ -408,7 +418,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.error("choose a command: dma (rewrite-ext dma --help tells more)")
     try:
-        code = args.handler(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning  # (restored on leaving the block)
+            code = args.handler(args)
         sys.stdout.flush()
         return code
     except BrokenPipeError:

@@ -496,7 +496,28 @@ def test_num_queues_spreads_the_copies_over_queues_and_a_range_past_8_gets_one_l
     expected = copy_to_dma(load_module(str(EXAMPLE)), queue_id=3, num_queues=2, overlap=True)
     tvm.ir.assert_structural_equal(load_module(str(out)), expected)
     assert "on queue 4" in done.stdout  # the overlap report: the second copy went to queue 4
-    assert_one_error_line(cli("dma", EXAMPLE, "--queue-id", "8", "--num-queues", "2"), "--num-queues 2", "queues outside 0 to 8")
+    assert_one_error_line(cli("dma", EXAMPLE, "--queue-id", "8", "--num-queues", "2"), "up to 9, past 8", "lower --queue-id")
+    assert_one_error_line(cli("dma", EXAMPLE, "--num-queues", "0"), "at least 1 queue")
+
+
+def test_a_warning_is_one_line_on_stderr(tmp_path):
+    path = module_file(
+        tmp_path,
+        copy_module(
+            """
+            @R.function(pure=False)
+            def main(x: R.Tensor((4456448,), "float32")):
+                out = R.builtin.alloc_tensor(R.shape([4456448]), R.dtype("float32"), R.prim_value(0))
+                R.vm.copy_tensor(x, out)
+                return out
+            """
+        ),
+    )
+    done = cli("dma", path)
+    assert done.returncode == 0
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("rewrite-ext: warning: DMAChunkWarning: copy_to_dma: 1 copy(ies)")
+    assert "x -> out (17825792 bytes)" in lines[0]
 
 
 def test_a_copy_in_a_pure_function_gets_the_rewrite_error_in_one_line(tmp_path):

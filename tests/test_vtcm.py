@@ -171,7 +171,7 @@ def test_zero_capacity_changes_nothing_and_reports_every_tensor():
     assert staged.same_as(TINY)  # nothing staged: the input itself, as rewrite_call gives it
 
 
-def test_the_capacity_warning_names_the_function_that_needs_the_most_vtcm():
+def test_the_capacity_warning_gives_what_each_function_short_of_vtcm_needs():
     class Two(nn.Module):
         def __init__(self) -> None:
             self.a, self.b = nn.Linear(8, 8), nn.Linear(64, 64)
@@ -184,9 +184,12 @@ def test_the_capacity_warning_names_the_function_that_needs_the_most_vtcm():
 
     spec = {"small": {"x": nn.spec.Tensor((1, 8), "float32")}, "large": {"x": nn.spec.Tensor((1, 64), "float32")}}
     lowered = LOWER(Two().export_tvm(spec=spec)[0])
-    needed = max(sum(_blocks(s) for s in sizes) for sizes in plan_vtcm(lowered).slots.values())
-    with pytest.warns(VTCMCapacityWarning, match=rf"would take {needed} bytes \(function 'large'\)"):
+    needed = {name: sum(_blocks(s) for s in sizes) for name, sizes in plan_vtcm(lowered).slots.items()}
+    message = rf"would take {needed['large']} bytes in 'large', {needed['small']} bytes in 'small', beside"
+    with pytest.warns(VTCMCapacityWarning, match=message):
         stage_in_vtcm(lowered, capacity=0)
+    with pytest.warns(VTCMCapacityWarning, match=rf"would take {needed['large']} bytes in 'large', beside"):
+        stage_in_vtcm(lowered, capacity=needed["small"])  # small fits: only large is short
 
 
 @pytest.mark.parametrize(

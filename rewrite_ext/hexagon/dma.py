@@ -108,6 +108,10 @@ def _copy_nbytes(src: relax.Expr, dst: relax.Expr) -> int | None:
     return None
 
 
+def _shown(tensor: relax.Expr) -> str:
+    return _ir.shown_name(tensor) if isinstance(tensor, relax.Var) else f"a {type(tensor).__name__}"
+
+
 def _chunk_views(
     builder: relax.BlockBuilder, tensor: relax.Expr, nbytes: int
 ) -> list[relax.Expr]:
@@ -173,7 +177,7 @@ def _dma_rewriter(
             # One descriptor carries at most 2**24 - 1 bytes: one dma_copy per chunk, all on
             # one queue, covered by the single wait below.
             pairs = list(zip(_chunk_views(builder, src, nbytes), _chunk_views(builder, dst, nbytes)))
-            chunked.append(f"{_ir.shown_name(src) if isinstance(src, relax.Var) else 'a tensor'} ({nbytes} bytes)")
+            chunked.append(f"{_shown(src)} -> {_shown(dst)} ({nbytes} bytes)")
         copies = [_builtin(DMA_COPY, [s, d, _imm(queue), _imm(bypass_cache)]) for s, d in pairs]
         if known is not None:
             # What the overlap pass would read back, so it need not: reading IR fields costs
@@ -366,7 +370,7 @@ def copy_to_dma(
     if chunked:
         warnings.warn(
             f"copy_to_dma: {len(chunked)} copy(ies) larger than one descriptor ({MAX_DESCRIPTOR_BYTES} "
-            f"bytes) became chunks, views at byte offsets: {', '.join(chunked)}. TVM 0.27's "
+            f"bytes) became chunks, views of src and dst at byte offsets: {', '.join(chunked)}. TVM 0.27's "
             "vm.builtin.hexagon.dma_copy passes each tensor's data pointer without its byte_offset, "
             "so on a device every chunk but the first would move the wrong bytes (cpu_dma() honours "
             "byte_offset). Keep tensors copied by DMA within one descriptor, or use a runtime whose "

@@ -559,14 +559,17 @@ def stage_in_vtcm(
     plan = plan_vtcm(target, select=select, capacity=capacity, prefetch=prefetch)
     if plan.left_in_place:
         every = plan_vtcm(target, select=select, capacity=2**62, prefetch=prefetch)
-        # VTCM is planned per function: the most any one function needs, named when several.
-        needed, neediest = max((_vtcm_bytes(sizes), name) for name, sizes in every.slots.items())
-        where = f" (function '{neediest}')" if len(every.slots) > 1 else ""
+        # VTCM is planned per function: what each function with a tensor left in place needs.
+        short = sorted({t.function for t in plan.left_in_place})
+        if len(every.slots) == 1:
+            needed = f"{_vtcm_bytes(every.slots[short[0]])} bytes"
+        else:
+            needed = ", ".join(f"{_vtcm_bytes(every.slots[name])} bytes in '{name}'" for name in short)
         warnings.warn(
             f"stage_in_vtcm: {len(plan.left_in_place)} tensor(s) do not fit in {plan.capacity} bytes of "
             "VTCM beside the slots already planned (a call's tensors take slots of their own, each "
             f"slot as large as its largest tensor and counted in whole {VTCM_BLOCK_BYTES}-byte blocks, "
-            f"as TVM's VTCM allocator hands it out; staging all of them would take {needed} bytes{where}, "
+            f"as TVM's VTCM allocator hands it out; staging all of them would take {needed}, "
             "beside any VTCM the function allocates itself) and stay where they are: "
             + "; ".join(str(t) for t in plan.left_in_place),
             VTCMCapacityWarning,
