@@ -270,7 +270,6 @@ class _Reader:
         self.closures: dict[int, bool] = {}  # local function var -> whether it issues dma_copy s
         self.callees: dict[str, bool] = {}  # the same of the module's functions, by name
         self.kernels: dict[str, frozenset[int] | None] = {}  # PrimFunc name -> what it may write
-        self.module_names = {gv.name_hint for gv in module.get_global_vars()} if module is not None else set()
         self.storages: set[int] = set()
         self.roots = itertools.count(1)
         # Parameters: their caller holds them, so KillAfterLastUse never frees them here.
@@ -475,7 +474,7 @@ class _Reader:
             return None
         name = op.name_hint
         if name not in self.kernels:
-            func = self.module[name] if name in self.module_names else None
+            func = _callee(self.module, name)
             self.kernels[name] = written_params(func) if isinstance(func, tvm.tirx.PrimFunc) else None
         return self.kernels[name]
 
@@ -566,6 +565,14 @@ def _read_dma(args: list) -> tuple[str, _DMA] | None:
     return "bad", None
 
 
+def _callee(module: tvm.IRModule, name: str) -> tvm.ir.BaseFunc | None:
+    """The module's function ``name``, None if it has none."""
+    try:
+        return module[name]
+    except Exception:  # noqa: BLE001 - TVM's error for a name the module lacks
+        return None
+
+
 def _function_issues_dma(module: tvm.IRModule | None, gvar: relax.GlobalVar, seen: set[str]) -> bool:
     """Whether calling ``gvar`` may run a ``dma_copy``, through the functions it calls too.
 
@@ -577,9 +584,8 @@ def _function_issues_dma(module: tvm.IRModule | None, gvar: relax.GlobalVar, see
     name = gvar.name_hint
     if name in seen:
         return False
-    try:
-        func = module[name]
-    except Exception:  # noqa: BLE001 - TVM's error for a name the module lacks
+    func = _callee(module, name)
+    if func is None:
         return True
     if not isinstance(func, relax.Function):
         return False  # a PrimFunc or an external function
